@@ -1,0 +1,36 @@
+# Everything a new machine needs: `make demo` (set up, then prepare → train → evaluate) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Named corpora come from the shared mirror when it is there, and are downloaded otherwise.
+export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
+
+DATA   := data/prepared/multi30k_de_en
+RUN    := runs/demo
+
+.PHONY: install test demo bench lint clean
+
+install: $(VENV)/.installed
+
+# torch first and pinned: on its own, pip would resolve an unpinned torch to a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check mt tests
+
+demo: install
+	$(BIN)/mt prepare multi30k --src de --tgt en --out $(DATA)
+	$(BIN)/mt train configs/demo.yaml --out $(RUN) --set data=$(DATA)
+	$(BIN)/mt evaluate --checkpoint $(RUN)/best.pt --src $(DATA)/test.src.txt --ref $(DATA)/test.tgt.txt
+	@echo "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche." | $(BIN)/mt translate --checkpoint $(RUN)/best.pt
+
+clean:
+	rm -rf $(VENV) runs data/prepared

@@ -1,0 +1,191 @@
+"""One source of config truth: dataclass defaults, overridden by a YAML file, overridden by `--set key=value`.
+
+A config has four sections (`model`, `train`, `decode`) plus `data`, the prepared-data directory. Every key
+is checked: an unknown key or a value of the wrong type is a `ConfigError` that names the key and says what is
+allowed. The resolved config is stored in every checkpoint and rebuilds the model from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; the message says which key and what is allowed."""
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 512
+    n_heads: int = 8
+    n_enc_layers: int = 6
+    n_dec_layers: int = 6
+    d_ff: int = 2048
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["post", "pre"] = "post"  # post-norm is the paper's; pre-norm trains deep stacks more stably
+    dropout: float = 0.1  # on embeddings and every residual branch
+    attn_dropout: float = 0.0  # on attention probabilities
+    act_dropout: float = 0.0  # inside the FFN, after the activation
+    max_len: int = 256  # longest sequence (in pieces, with BOS/EOS) the model is built for
+    src_vocab_size: int = 0  # 0: taken from the prepared data
+    tgt_vocab_size: int = 0
+    share_embeddings: bool = True  # one table for source, target and output; needs a joint vocabulary
+    tie_output: bool = True  # output projection = target embedding table
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # padded tokens (source or target, whichever is longer) per batch
+    accumulate: int = 1  # batches per optimizer step
+    lr: float = 7e-4  # peak learning rate, reached at the end of warmup
+    warmup: int = 4000  # steps of linear warmup, then decay with 1/sqrt(step)
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0: no clipping
+    max_steps: int = 100_000
+    max_epochs: int = 0  # 0: no limit
+    max_minutes: float = 0.0  # wall-clock budget; 0: no limit
+    valid_every: int = 1000  # steps between validations (and checkpoints)
+    valid_bleu: bool = True  # decode the validation set (greedy) and compute BLEU at each validation
+    log_every: int = 100
+    seed: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16/fp16 on GPU, fp32 on CPU
+    threads: int = 0  # CPU threads; 0: PyTorch's default
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 4
+    len_penalty: float = 0.6  # GNMT length-penalty exponent alpha; 0 ranks by raw log-probability
+    max_len_a: float = 1.5  # output length limit: a * source_length + b
+    max_len_b: int = 10
+    batch_tokens: int = 4096  # source tokens per translation batch
+
+
+@dataclass
+class Config:
+    data: str = ""  # directory written by `mt prepare`
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file at `path`, then each `key=value` override (`train.lr=1e-3`)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+    cfg = from_dict(raw)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.lr=0.001")
+        set_value(cfg, key.strip(), yaml.safe_load(value) if value.strip() else "")
+    validate(cfg)
+    return cfg
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    cfg = Config()
+    for key, value in _flatten(raw).items():
+        set_value(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def set_value(cfg: Config, key: str, value: Any) -> None:
+    """Set a dotted key (`model.d_model`) with type checking."""
+    section_name, _, name = key.rpartition(".")
+    target: Any = cfg
+    if section_name:
+        sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)]
+        if section_name not in sections or not name:
+            raise ConfigError(f"unknown config section in {key!r}; sections are: {', '.join(sections)}")
+        target = getattr(cfg, section_name)
+    hints = typing.get_type_hints(type(target))
+    scalar_keys = [f.name for f in dataclasses.fields(target) if not dataclasses.is_dataclass(getattr(target, f.name))]
+    if name not in scalar_keys:
+        where = f"section {section_name!r}" if section_name else "the top level"
+        raise ConfigError(f"unknown config key {key!r}; valid keys in {where}: {', '.join(scalar_keys)}")
+    setattr(target, name, _coerce(key, value, hints[name]))
+
+
+def validate(cfg: Config) -> None:
+    m, t, d = cfg.model, cfg.train, cfg.decode
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    positive = {
+        "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.max_len": m.max_len,
+        "train.max_tokens": t.max_tokens, "train.accumulate": t.accumulate, "train.valid_every": t.valid_every,
+        "train.log_every": t.log_every, "decode.beam": d.beam, "decode.batch_tokens": d.batch_tokens,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key}={value}: must be positive")
+    for key, value in {"model.dropout": m.dropout, "model.attn_dropout": m.attn_dropout,
+                       "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing}.items():
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key}={value}: must be in [0, 1)")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr}: must be positive")
+
+
+def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{full}."))
+        else:
+            flat[full] = value
+    return flat
+
+
+def _coerce(key: str, value: Any, kind: Any) -> Any:
+    choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else None
+    if choices is not None:
+        if value not in choices:
+            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, choices))}")
+        return value
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{key}={value!r}: expected {kind.__name__}")

@@ -1,0 +1,113 @@
+"""Token ids on disk → length-grouped, token-budget batches with per-batch padding.
+
+`mt prepare` writes, per split and side, a flat array of piece ids (`{split}.{side}.ids.npy`) and the sentence
+boundaries (`{split}.{side}.offsets.npy`, n + 1 entries). Both are memory-mapped: a corpus of any size costs
+only the batches in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mt.tokenizer import BOS, EOS, PAD
+
+
+class Split:
+    """One split of a prepared corpus: sentence i is src_ids[src_off[i]:src_off[i+1]] (and likewise tgt)."""
+
+    def __init__(self, data_dir: str | Path, split: str):
+        d = Path(data_dir)
+        missing = [p for p in (d / f"{split}.src.ids.npy", d / f"{split}.tgt.ids.npy") if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{missing[0]}: not found; run `mt prepare` to create {d}")
+        self.src_ids = np.load(d / f"{split}.src.ids.npy", mmap_mode="r")
+        self.tgt_ids = np.load(d / f"{split}.tgt.ids.npy", mmap_mode="r")
+        self.src_off = np.load(d / f"{split}.src.offsets.npy")
+        self.tgt_off = np.load(d / f"{split}.tgt.offsets.npy")
+        self.name = split
+
+    def __len__(self) -> int:
+        return len(self.src_off) - 1
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return np.diff(self.src_off)
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        return np.diff(self.tgt_off)
+
+    def src(self, i: int) -> np.ndarray:
+        return self.src_ids[self.src_off[i]:self.src_off[i + 1]]
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.tgt_ids[self.tgt_off[i]:self.tgt_off[i + 1]]
+
+
+def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """Group example indices into batches of similar length whose padded size stays within `max_tokens`.
+
+    `lengths[i]` is example i's padded cost per row (e.g. max(source, target) with specials). Examples are
+    sorted by length (ties broken at random when `rng` is given) and cut greedily, so each batch pads little;
+    with `rng` the batch order is shuffled too. An example longer than the budget gets a batch of its own.
+    """
+    lengths = np.asarray(lengths)
+    tiebreak = rng.permutation(len(lengths)) if rng is not None else np.arange(len(lengths))
+    order = tiebreak[np.argsort(lengths[tiebreak], kind="stable")]
+    batches, start, longest = [], 0, 0
+    for pos, i in enumerate(order):
+        longest_with_i = max(longest, int(lengths[i]))
+        if pos > start and longest_with_i * (pos - start + 1) > max_tokens:
+            batches.append(order[start:pos])
+            start, longest_with_i = pos, int(lengths[i])
+        longest = longest_with_i
+    if start < len(order):
+        batches.append(order[start:])
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+def pad(seqs: list[np.ndarray | list[int]], prefix: list[int], suffix: list[int]) -> Tensor:
+    """Right-pad sequences (with BOS/EOS added as asked) into one (B, T) int64 tensor."""
+    width = max(len(s) for s in seqs) + len(prefix) + len(suffix)
+    out = torch.full((len(seqs), width), PAD, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        full = prefix + [int(t) for t in s] + suffix
+        out[row, :len(full)] = torch.tensor(full, dtype=torch.long)
+    return out
+
+
+@dataclass
+class Batch:
+    src: Tensor  # (B, S): pieces + EOS, right-padded
+    tgt_in: Tensor  # (B, T): BOS + pieces, the decoder's input
+    tgt_out: Tensor  # (B, T): pieces + EOS, what it must predict
+    n_tgt_tokens: int  # non-padding tokens in tgt_out: the loss is normalised by them
+
+    def to(self, device: torch.device) -> Batch:
+        nb = device.type == "cuda"
+        return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
+                     self.tgt_out.to(device, non_blocking=nb), self.n_tgt_tokens)
+
+
+def collate(split: Split, indices: np.ndarray, max_len: int) -> Batch:
+    """Build a padded batch. Sequences are cut to fit `max_len` positions including their BOS/EOS."""
+    srcs = [split.src(i)[:max_len - 1] for i in indices]
+    tgts = [split.tgt(i)[:max_len - 1] for i in indices]
+    src = pad(srcs, [], [EOS])
+    tgt = pad(tgts, [BOS], [EOS])  # BOS ... EOS; input drops the last column, output the first
+    tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:].clone()
+    tgt_in[tgt_in == EOS] = PAD  # the EOS of shorter rows is not an input
+    return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD).sum()))
+
+
+def epoch_batches(split: Split, max_tokens: int, max_len: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run sees the same."""
+    cost = np.minimum(np.maximum(split.src_lens + 1, split.tgt_lens + 1), max_len)
+    return batch_by_tokens(cost, max_tokens, np.random.default_rng([seed, epoch]))

@@ -1,0 +1,259 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), encoder-decoder.
+
+Conventions, stated once:
+- Tensors are batch-first. Letters: B batch, S source length, T target length, D d_model, H heads,
+  Dh = D / H, V vocabulary.
+- `src_mask` is a bool tensor of shape (B, 1, 1, S), True where a source position may be attended to
+  (it is not padding). That is the convention of `F.scaled_dot_product_attention`.
+- Target sequences are right-padded, so the causal mask alone keeps real positions from seeing padding.
+- Incremental decoding passes a `DecoderCache` in and gets it back; modules hold no decoding state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mt.config import ModelConfig
+from mt.tokenizer import PAD
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, causal: bool) -> Tensor:
+    """Scaled dot-product attention over (B, H, T, Dh) tensors; PyTorch picks the fused kernel."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
+def sinusoids(length: int, d_model: int) -> Tensor:
+    """The paper's fixed positional encodings, (length, D)."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.attn_dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused: one matmul for queries, keys and values
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        q, k, v = self.qkv(x).split(x.size(-1), dim=-1)
+        y = attention(split_heads(q, self.n_heads), split_heads(k, self.n_heads), split_heads(v, self.n_heads),
+                      mask, self.dropout if self.training else 0.0, causal)
+        return self.out(merge_heads(y))
+
+    def step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """One decoding step: x (B, 1, D) attends to the cached keys/values plus its own. Returns y, k, v."""
+        q, k, v = self.qkv(x).split(x.size(-1), dim=-1)
+        k, v = split_heads(k, self.n_heads), split_heads(v, self.n_heads)  # (B, H, 1, Dh)
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t, Dh)
+        y = attention(split_heads(q, self.n_heads), k, v, None, 0.0, causal=False)
+        return self.out(merge_heads(y)), k, v
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.attn_dropout
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output, (B, H, S, Dh) each; computed once per sentence in search."""
+        k, v = self.kv(memory).split(memory.size(-1), dim=-1)
+        return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
+        q = split_heads(self.q(x), self.n_heads)
+        y = attention(q, k, v, src_mask, self.dropout if self.training else 0.0, causal=False)
+        return self.out(merge_heads(y))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(cfg.act_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(self.act(self.up(x))))
+
+
+class Residual(nn.Module):
+    """x + dropout(f(x)) with LayerNorm after (post-norm, the paper) or before f (pre-norm)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def normed_input(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.pre else x
+
+    def add(self, x: Tensor, y: Tensor) -> Tensor:
+        x = x + self.dropout(y)
+        return x if self.pre else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.res_attn = Residual(cfg)
+        self.res_ffn = Residual(cfg)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.res_attn.add(x, self.self_attn(self.res_attn.normed_input(x), src_mask, causal=False))
+        return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg)
+        self.cross_attn = CrossAttention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.res_self = Residual(cfg)
+        self.res_cross = Residual(cfg)
+        self.res_ffn = Residual(cfg)
+
+    def forward(self, x: Tensor, mem_k: Tensor, mem_v: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.res_self.add(x, self.self_attn(self.res_self.normed_input(x), None, causal=True))
+        x = self.res_cross.add(x, self.cross_attn(self.res_cross.normed_input(x), mem_k, mem_v, src_mask))
+        return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x)))
+
+    def step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None, mem_k: Tensor, mem_v: Tensor,
+             src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        y, k, v = self.self_attn.step(self.res_self.normed_input(x), past_k, past_v)
+        x = self.res_self.add(x, y)
+        x = self.res_cross.add(x, self.cross_attn(self.res_cross.normed_input(x), mem_k, mem_v, src_mask))
+        return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x))), k, v
+
+
+@dataclass
+class DecoderCache:
+    """Everything incremental decoding needs between steps, per layer; rows are (sentence × beam)."""
+
+    mem_k: list[Tensor]  # (B, H, S, Dh) per layer: the encoder output's cross-attention keys, computed once
+    mem_v: list[Tensor]
+    self_k: list[Tensor | None]  # (B, H, t, Dh) per layer: keys of the target prefix decoded so far
+    self_v: list[Tensor | None]
+    src_mask: Tensor  # (B, 1, 1, S)
+    length: int = 0  # target positions decoded so far
+
+    def select(self, rows: Tensor) -> DecoderCache:
+        """Keep (and reorder) the rows in `rows`: beam reordering and dropping finished sentences."""
+        pick = lambda ts: [t.index_select(0, rows) if t is not None else None for t in ts]  # noqa: E731
+        return DecoderCache(pick(self.mem_k), pick(self.mem_v), pick(self.self_k), pick(self.self_v),
+                            self.src_mask.index_select(0, rows), self.length)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.src_vocab_size <= 0 or cfg.tgt_vocab_size <= 0:
+            raise ValueError("ModelConfig.src_vocab_size and tgt_vocab_size must be set before building the model")
+        if cfg.share_embeddings and cfg.src_vocab_size != cfg.tgt_vocab_size:
+            raise ValueError("share_embeddings needs one joint vocabulary (prepare without --separate-vocab)")
+        self.cfg = cfg
+        self.scale = math.sqrt(cfg.d_model)
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=PAD)
+        self.src_embed = self.tgt_embed if cfg.share_embeddings else nn.Embedding(
+            cfg.src_vocab_size, cfg.d_model, padding_idx=PAD)
+        self.register_buffer("positions", sinusoids(cfg.max_len, cfg.d_model), persistent=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
+        # Pre-norm stacks end un-normalised; post-norm ones already end in a LayerNorm.
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_output:
+            self.output.weight = self.tgt_embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        # N(0, D^-1/2): after the sqrt(D) scaling, embeddings have unit variance, like the positions.
+        tables = [self.tgt_embed, self.src_embed, self.output]
+        for i, table in enumerate(tables):
+            if any(table.weight is other.weight for other in tables[:i]):
+                continue  # shared with a table already initialised
+            nn.init.normal_(table.weight, std=self.cfg.d_model ** -0.5)
+            if isinstance(table, nn.Embedding):
+                nn.init.zeros_(table.weight[PAD])
+
+    def embed(self, table: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
+        if start + ids.size(1) > self.cfg.max_len:
+            raise ValueError(f"sequence of {start + ids.size(1)} positions exceeds model.max_len={self.cfg.max_len}")
+        x = table(ids) * self.scale + self.positions[start:start + ids.size(1)].to(table.weight.dtype)
+        return self.dropout(x)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) ids → memory (B, S, D) and src_mask (B, 1, 1, S)."""
+        src_mask = (src != PAD)[:, None, None, :]
+        x = self.embed(self.src_embed, src)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.enc_norm(x), src_mask
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoding of a whole target prefix: tgt (B, T) → logits (B, T, V)."""
+        x = self.embed(self.tgt_embed, tgt)
+        for layer in self.decoder:
+            x = layer(x, *layer.cross_attn.memory_kv(memory), src_mask)
+        return self.output(self.dec_norm(x))
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt, memory, src_mask)
+
+    def start_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
+        mem_kv = [layer.cross_attn.memory_kv(memory) for layer in self.decoder]
+        n = len(self.decoder)
+        return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], [None] * n, [None] * n, src_mask)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+        """Next-token logits (B, V) for the last tokens (B,), given everything before them in `cache`."""
+        x = self.embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B, 1, D)
+        self_k, self_v = [], []
+        for i, layer in enumerate(self.decoder):
+            x, k, v = layer.step(x, cache.self_k[i], cache.self_v[i], cache.mem_k[i], cache.mem_v[i], cache.src_mask)
+            self_k.append(k)
+            self_v.append(v)
+        logits = self.output(self.dec_norm(x[:, 0]))
+        return logits, DecoderCache(cache.mem_k, cache.mem_v, self_k, self_v, cache.src_mask, cache.length + 1)
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    b, t, d = x.shape
+    return x.view(b, t, n_heads, d // n_heads).transpose(1, 2)  # (B, H, T, Dh)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, D)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,341 @@
+"""Corpus -> SentencePiece -> token ids on disk + meta.json, written atomically.
+
+`prepare()` produces one directory (`split` is train/valid/test, `side` is src/tgt):
+
+    meta.json                      what was read, what was removed and why, vocabulary, per-split sizes
+    spm.model                      the joint SentencePiece model (separate vocabularies: spm.src.model, spm.tgt.model)
+    {split}.{side}.ids.npy         1-D, every sentence's piece ids concatenated; uint16 (int32 if vocab >= 65536)
+    {split}.{side}.offsets.npy     1-D int64, n + 1 entries: sentence i is ids[offsets[i]:offsets[i + 1]]
+    valid.{side}.txt, test.{side}.txt   normalised text, one line per input line: the references for BLEU
+
+Ids are pieces only; BOS/EOS are added where sequences are batched. The .npy files open with
+`np.load(path, mmap_mode="r")`, so training never loads a corpus into memory.
+
+Everything is built in a sibling temporary directory and renamed into place at the end: a failure at any step
+leaves an existing `out_dir` as it was.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from mt import __version__
+from mt.corpus import (
+    ENCODING_ERRORS,
+    CleanCounts,
+    CorpusError,
+    Source,
+    clean_pairs,
+    find_source,
+    named_source,
+    read_pairs,
+)
+from mt.tokenizer import Tokenizer, train_sentencepiece
+
+MODEL_TYPES = ("unigram", "bpe")
+SIDES = ("src", "tgt")
+# Lines encoded per SentencePiece call: big enough to be fast, small enough to stay in memory.
+CHUNK_LINES = 10_000
+
+
+def prepare(
+    out_dir: Path,
+    src: str,
+    tgt: str,
+    corpus: str | None = None,
+    train: str | None = None,
+    valid: str | None = None,
+    test: str | None = None,
+    mirror: Path | None = None,
+    vocab_size: int = 8000,
+    joint: bool = True,
+    model_type: str = "unigram",
+    max_words: int = 250,
+    max_ratio: float = 9.0,
+    max_tokens: int = 256,
+    dedup: bool = False,
+    spm_sentences: int = 1_000_000,
+    encoding_errors: str = "strict",
+    progress: bool = True,
+) -> dict:
+    """Prepare `out_dir` for training `src` -> `tgt` and return the meta dict written to its meta.json.
+
+    `corpus` names a corpus (`multi30k`) that supplies all three splits; `train`, `valid` and `test` are specs
+    (see `mt.corpus.find_source`) that replace the named corpus's split, or stand alone without one. Training pairs
+    are cleaned (`mt.corpus.clean_pairs`), then those with more than `max_tokens` pieces on either side are dropped;
+    valid and test pairs are only normalised, never dropped. `spm_sentences` caps the lines SentencePiece samples.
+    """
+    out_dir = Path(out_dir).absolute()
+    if src == tgt:
+        raise CorpusError(f"source and target language are both {src!r}")
+    if model_type not in MODEL_TYPES:
+        raise CorpusError(f"model type must be one of {', '.join(MODEL_TYPES)}, not {model_type!r}")
+    if encoding_errors not in ENCODING_ERRORS:
+        raise CorpusError(
+            f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
+        )
+    if corpus is None and train is None:
+        raise CorpusError("no training data: name a corpus (e.g. multi30k) or give a train spec")
+    _check_replaceable(out_dir)
+
+    # Resolve every split before any slow work, so a mistyped path fails in a second, not after training spm.
+    sources: dict[str, Source] = {}
+    for split, spec in (("train", train), ("valid", valid), ("test", test)):
+        if spec is not None:
+            sources[split] = find_source(spec, src, tgt, split)
+        elif corpus is not None:
+            sources[split] = named_source(corpus, split, src, tgt, mirror)
+
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a leftover from a killed run that had our pid
+    tmp.mkdir(parents=True)
+    try:
+        # valid/test first: they are small, so their errors show up before the long train read.
+        for split in ("valid", "test"):
+            if split in sources:
+                pairs = read_pairs(sources[split], encoding_errors)
+                _write_text(_bar(pairs, f"read {split}", progress), tmp, split)
+
+        counts = CleanCounts()
+        pairs = _bar(read_pairs(sources["train"], encoding_errors), "read train", progress)
+        _write_text(clean_pairs(pairs, counts, max_words, max_ratio, dedup), tmp, "train")
+        if counts.kept == 0:
+            raise CorpusError(f"no training pairs left after cleaning: {counts.as_dict()}")
+
+        model_files = _train_tokenizers(tmp, joint, vocab_size, model_type, spm_sentences)
+        tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
+
+        splits = {}
+        for split in sources:
+            limit = max_tokens if split == "train" else None
+            splits[split] = _encode_split(tmp, split, tokenizers, limit, counts, progress)
+        # The cleaned training text also holds pairs dropped for too many tokens; the ids are the truth.
+        for side in SIDES:
+            (tmp / f"train.{side}.txt").unlink()
+        if counts.kept == 0:
+            raise CorpusError(f"no training pair has at most {max_tokens} tokens a side: {counts.as_dict()}")
+
+        meta = {
+            "src": src,
+            "tgt": tgt,
+            "joint": joint,
+            "vocab_size": tokenizers["src"].vocab_size if joint else None,
+            "src_vocab_size": tokenizers["src"].vocab_size,
+            "tgt_vocab_size": tokenizers["tgt"].vocab_size,
+            "tokenizer": {
+                "model_type": model_type,
+                "requested_vocab_size": vocab_size,
+                "spm_sentences": spm_sentences,
+                "files": sorted(set(model_files.values())),
+                "src": model_files["src"],
+                "tgt": model_files["tgt"],
+            },
+            "splits": splits,
+            "cleaning": counts.as_dict(),
+            "filters": {
+                "max_words": max_words,
+                "max_ratio": max_ratio,
+                "max_tokens": max_tokens,
+                "dedup": dedup,
+            },
+            "inputs": {
+                "corpus": corpus,
+                "encoding_errors": encoding_errors,
+                **{split: source.describe() for split, source in sources.items()},
+            },
+            "mt_version": __version__,
+        }
+        (tmp / "meta.json").write_text(
+            json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def summary(meta: dict) -> str:
+    """The few lines `mt prepare` prints: pairs per split, what cleaning removed and why, the vocabulary."""
+    pair = f"{meta['src']}-{meta['tgt']}"
+    kind = meta["tokenizer"]["model_type"]
+    if meta["joint"]:
+        vocab = f"joint {kind} vocabulary of {meta['vocab_size']:,} pieces"
+    else:
+        vocab = f"separate {kind} vocabularies of {meta['src_vocab_size']:,} (src) and {meta['tgt_vocab_size']:,} (tgt) pieces"
+    lines = [f"{pair}: {vocab}"]
+    for split, stats in meta["splits"].items():
+        n = stats["pairs"]
+        avg_src = stats["src_tokens"] / n if n else 0.0
+        avg_tgt = stats["tgt_tokens"] / n if n else 0.0
+        lines.append(
+            f"  {split:<5} {n:>10,} pairs   tokens per sentence: src {avg_src:.1f}, tgt {avg_tgt:.1f}"
+        )
+    c = meta["cleaning"]
+    removed = c["read"] - c["kept"]
+    reasons = ", ".join(
+        f"{label} {c[key]:,}"
+        for key, label in [
+            ("empty", "empty"),
+            ("too_long", f"over {meta['filters']['max_words']} words"),
+            ("ratio", f"length ratio over {meta['filters']['max_ratio']:g}"),
+            ("duplicates", "duplicates"),
+            ("too_many_tokens", f"over {meta['filters']['max_tokens']} tokens"),
+        ]
+    )
+    lines.append(f"  train cleaning: read {c['read']:,}, kept {c['kept']:,}, removed {removed:,} ({reasons})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Only an empty directory or an earlier `prepare` output may be replaced: `--out .` must not wipe a project."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise CorpusError(f"{out_dir} exists and is not a directory")
+    if any(out_dir.iterdir()) and not (out_dir / "meta.json").is_file():
+        raise CorpusError(
+            f"{out_dir} exists and is not a prepared data directory (no meta.json); refusing to replace it"
+        )
+
+
+def _replace_dir(new: Path, out_dir: Path) -> None:
+    # Linux cannot atomically swap two directories with rename(), so it takes two renames; in the instant between
+    # them the previous output is complete under `.old-<pid>`, never half-deleted.
+    if out_dir.exists():
+        old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
+        os.rename(out_dir, old)
+        os.rename(new, out_dir)
+        shutil.rmtree(old)
+    else:
+        os.rename(new, out_dir)
+
+
+def _bar(items: Iterable, desc: str, progress: bool) -> Iterable:
+    return tqdm(items, desc=desc, unit=" pairs", disable=not progress or not sys.stderr.isatty())
+
+
+def _write_text(pairs: Iterable[tuple[str, str]], directory: Path, split: str) -> int:
+    """Write `{split}.src.txt` and `{split}.tgt.txt`, one pair per line; returns the number of pairs."""
+    n = 0
+    with (
+        open(directory / f"{split}.src.txt", "w", encoding="utf-8", newline="\n") as src_file,
+        open(directory / f"{split}.tgt.txt", "w", encoding="utf-8", newline="\n") as tgt_file,
+    ):
+        for s, t in pairs:
+            src_file.write(s + "\n")
+            tgt_file.write(t + "\n")
+            n += 1
+    return n
+
+
+def _read_text(path: Path) -> Iterator[str]:
+    """Lines of a file `_write_text` wrote. Split on "\\n" alone: the text holds no other line breaks."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line[:-1]
+
+
+def _train_tokenizers(
+    directory: Path, joint: bool, vocab_size: int, model_type: str, spm_sentences: int
+) -> dict[str, str]:
+    """Train SentencePiece on the cleaned training text; returns the model file name for each side."""
+    if joint:
+        plan = {"spm": [directory / "train.src.txt", directory / "train.tgt.txt"]}
+        files = {"src": "spm.model", "tgt": "spm.model"}
+    else:
+        plan = {f"spm.{side}": [directory / f"train.{side}.txt"] for side in SIDES}
+        files = {side: f"spm.{side}.model" for side in SIDES}
+    for prefix, paths in plan.items():
+        lines = itertools.chain.from_iterable(_read_text(path) for path in paths)
+        try:
+            train_sentencepiece(
+                lines, directory / prefix, vocab_size, model_type, seed_sentences=spm_sentences
+            )
+        except RuntimeError as e:  # SentencePiece reports bad settings (e.g. a vocabulary too small) this way
+            raise CorpusError(f"SentencePiece training failed: {e}") from None
+    return files
+
+
+def _encode_split(
+    directory: Path,
+    split: str,
+    tokenizers: dict[str, Tokenizer],
+    max_tokens: int | None,
+    counts: CleanCounts,
+    progress: bool,
+) -> dict[str, int]:
+    """Encode `{split}.{side}.txt` into ids/offsets arrays, dropping pairs over `max_tokens` (None: keep all)."""
+    writers = {side: _IdsWriter(directory / f"{split}.{side}", tokenizers[side].vocab_size) for side in SIDES}
+    lines = zip(
+        _read_text(directory / f"{split}.src.txt"), _read_text(directory / f"{split}.tgt.txt"), strict=True
+    )
+    with tqdm(desc=f"encode {split}", unit=" pairs", disable=not progress or not sys.stderr.isatty()) as bar:
+        while chunk := list(itertools.islice(lines, CHUNK_LINES)):
+            src_ids = tokenizers["src"].encode([s for s, _ in chunk])
+            tgt_ids = tokenizers["tgt"].encode([t for _, t in chunk])
+            if max_tokens is not None:
+                kept = [
+                    (s, t)
+                    for s, t in zip(src_ids, tgt_ids, strict=True)
+                    if len(s) <= max_tokens and len(t) <= max_tokens
+                ]
+                counts.too_many_tokens += len(chunk) - len(kept)
+                src_ids, tgt_ids = [s for s, _ in kept], [t for _, t in kept]
+            writers["src"].write(src_ids)
+            writers["tgt"].write(tgt_ids)
+            bar.update(len(chunk))
+    n_src, src_tokens = writers["src"].close()
+    _, tgt_tokens = writers["tgt"].close()
+    return {"pairs": n_src, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+
+
+class _IdsWriter:
+    """Appends sentences to `{stem}.ids.npy` / `{stem}.offsets.npy` a chunk at a time.
+
+    A .npy header states the array's length, unknown until the end, so ids are appended to a raw `.part` file
+    and copied behind the header by `close()`. Only one int64 length per sentence stays in memory.
+    """
+
+    def __init__(self, stem: Path, vocab_size: int):
+        self.stem = stem
+        self.dtype = np.dtype("<u2") if vocab_size < 2**16 else np.dtype("<i4")
+        self.part = stem.with_name(f"{stem.name}.ids.part")
+        self.part.write_bytes(b"")
+        self.lengths: list[np.ndarray] = []
+
+    def write(self, sentences: list[list[int]]) -> None:
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        ids = np.fromiter(
+            itertools.chain.from_iterable(sentences), dtype=self.dtype, count=int(lengths.sum())
+        )
+        with open(self.part, "ab") as f:
+            f.write(ids.tobytes())
+        self.lengths.append(lengths)
+
+    def close(self) -> tuple[int, int]:
+        """Write both .npy files; returns (sentences, tokens)."""
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64), *self.lengths]).cumsum()
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": (int(offsets[-1]),),
+        }
+        with open(self.stem.with_name(f"{self.stem.name}.ids.npy"), "wb") as f, open(self.part, "rb") as part:
+            np.lib.format.write_array_header_1_0(f, header)
+            shutil.copyfileobj(part, f)
+        self.part.unlink()
+        np.save(self.stem.with_name(f"{self.stem.name}.offsets.npy"), offsets)
+        return len(offsets) - 1, int(offsets[-1])

@@ -1,0 +1,140 @@
+"""Greedy and beam search over a batch of source sentences, decoding incrementally with a KV cache.
+
+Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model.py) and a padded
+source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
+running batch, so a long sentence does not keep short ones computing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mt.tokenizer import BOS, EOS, PAD
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # pieces, without BOS/EOS
+    score: float  # log-probability divided by the length penalty: what beams are ranked by
+    logprob: float  # total log-probability, EOS included
+
+
+def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
+    """Per sentence output limit (in tokens, EOS included): a * source length + b, within the model's positions."""
+    src_len = (src != PAD).sum(1)
+    return (a * src_len.float() + b).long().clamp(min=1, max=limit - 1)
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT (Wu et al. 2016): ((5 + length) / 6) ** alpha; alpha 0 ranks by raw log-probability."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.inference_mode()
+def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10) -> list[Hypothesis]:
+    """The most likely next token at every step until EOS or the length limit."""
+    memory, src_mask = model.encode(src)
+    cache = model.start_cache(memory, src_mask)
+    limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    n = src.size(0)
+    active = torch.arange(n, device=src.device)  # original row of each running row
+    tokens = torch.full((n,), BOS, dtype=torch.long, device=src.device)
+    out: list[list[int]] = [[] for _ in range(n)]
+    logprob = [0.0] * n
+    for step in range(int(limit.max())):
+        logits, cache = model.decode_step(tokens, cache)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        at_limit = limit[active] <= step + 1
+        logp[at_limit] = torch.where(torch.arange(logp.size(1), device=logp.device) == EOS, 0.0, -torch.inf)
+        best_lp, tokens = logp.max(dim=-1)
+        for row, (tok, lp) in enumerate(zip(tokens.tolist(), best_lp.tolist(), strict=True)):
+            i = int(active[row])
+            logprob[i] += lp
+            if tok != EOS:
+                out[i].append(tok)
+        running = tokens != EOS
+        if not running.any():
+            break
+        if not running.all():
+            keep = running.nonzero().squeeze(1)
+            active, tokens, cache = active[keep], tokens[keep], cache.select(keep)
+    return [Hypothesis(toks, logprob[i], logprob[i]) for i, toks in enumerate(out)]
+
+
+@torch.inference_mode()
+def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max_len_a: float = 1.5,
+                max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Beam search with the GNMT length penalty; returns the `nbest` best hypotheses per sentence, best first.
+
+    A hypothesis that emits EOS among the top `beam` candidates is finished. A sentence stops once it has
+    `nbest` finished hypotheses and no live beam can still beat the worst of them, judging a live beam by its
+    score normalised at the current length (as most toolkits do; with len_penalty 0 the judgment is exact,
+    since log-probabilities only fall). With beam 1 this is exactly greedy search.
+    """
+    if nbest > beam:
+        raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
+    device = src.device
+    n, k = src.size(0), beam
+    memory, src_mask = model.encode(src)
+    rows = torch.arange(n, device=device).repeat_interleave(k)  # each sentence's k beams, side by side
+    cache = model.start_cache(memory.index_select(0, rows), src_mask.index_select(0, rows))
+    limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+
+    active = torch.arange(n, device=device)  # original sentence of each running sentence
+    scores = torch.full((n, k), -torch.inf, device=device)
+    scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
+    prefixes = torch.full((n * k, 0), BOS, dtype=torch.long, device=device)
+    last = torch.full((n * k,), BOS, dtype=torch.long, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+
+    for step in range(int(limit.max())):
+        logits, cache = model.decode_step(last, cache)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (n*k, V)
+        vocab = logp.size(1)
+        at_limit = (limit[active] <= step + 1).repeat_interleave(k)
+        logp[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS, 0.0, -torch.inf)
+        cand = (scores[:, :, None] + logp.view(-1, k, vocab)).view(-1, k * vocab)  # (n, k*V)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # 2k: at least k of them do not end in EOS
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+
+        # Finish the hypotheses that end in EOS among the k best candidates.
+        ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
+        if ends.any():
+            penalty = length_penalty(step + 1, len_penalty)
+            for s, j in ends.nonzero().tolist():
+                row = s * k + int(top_beam[s, j])
+                lp = float(top_scores[s, j])
+                finished[int(active[s])].append(Hypothesis(prefixes[row].tolist(), lp / penalty, lp))
+
+        # The k best continuations that do not end in EOS stay live.
+        live_scores = top_scores.masked_fill(top_tok == EOS, -torch.inf)
+        scores, pick = live_scores.topk(k, dim=1)  # (n, k)
+        beam_of = top_beam.gather(1, pick)
+        tok = top_tok.gather(1, pick)
+        src_rows = (torch.arange(active.numel(), device=device)[:, None] * k + beam_of).view(-1)
+
+        # Which sentences are done: enough finished, and the best live beam cannot beat the worst kept one.
+        best_live = scores[:, 0] / length_penalty(step + 1, len_penalty)
+        done = []
+        for s, i in enumerate(active.tolist()):
+            hyps = finished[i]
+            if len(hyps) >= nbest:
+                hyps.sort(key=lambda h: h.score, reverse=True)
+                done.append(hyps[nbest - 1].score >= float(best_live[s]) or not torch.isfinite(best_live[s]))
+            else:
+                done.append(False)
+        keep = torch.tensor([not d for d in done], device=device)
+        if not keep.any():
+            break
+        src_rows = src_rows.view(-1, k)[keep].view(-1)
+        scores, tok, active = scores[keep], tok[keep], active[keep]
+        prefixes = torch.cat([prefixes.index_select(0, src_rows), tok.view(-1, 1)], dim=1)
+        last = tok.view(-1)
+        cache = cache.select(src_rows)
+
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+    return [hyps[:nbest] for hyps in finished]

@@ -1,0 +1,80 @@
+"""SentencePiece subword models: train, load, encode, decode.
+
+Every model `mt` trains reserves the same four ids, so data on disk, the Transformer and search agree on them
+without asking the tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """A loaded SentencePiece model. Holds the serialized model so a checkpoint can carry it."""
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if ids != (PAD, UNK, BOS, EOS):
+            raise ValueError(
+                f"SentencePiece model has special ids (pad, unk, bos, eos) = {ids}; mt needs {(PAD, UNK, BOS, EOS)}. "
+                "Train it with `mt prepare`."
+            )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        return cls(Path(path).read_bytes())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        """Pieces' ids only: BOS/EOS are added where a sequence is batched, not here."""
+        return self.sp.encode(list(lines), out_type=int)
+
+    def encode_pieces(self, line: str) -> list[str]:
+        return self.sp.encode(line, out_type=str)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])
+
+
+def train_sentencepiece(
+    lines: Iterable[str],
+    model_prefix: str | Path,
+    vocab_size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    seed_sentences: int = 1_000_000,
+) -> Path:
+    """Train a SentencePiece model on `lines` (an iterator, streamed) and write `<model_prefix>.model`.
+
+    The training sample is capped at `seed_sentences` lines, chosen by SentencePiece itself, so memory is
+    bounded whatever the corpus size.
+    """
+    model_prefix = Path(model_prefix)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(model_prefix),
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        input_sentence_size=seed_sentences,
+        shuffle_input_sentence=True,
+        pad_id=PAD,
+        unk_id=UNK,
+        bos_id=BOS,
+        eos_id=EOS,
+        hard_vocab_limit=False,  # a small corpus may not support the requested size; take what it has
+        minloglevel=2,
+        num_threads=2,
+    )
+    (model_prefix.parent / f"{model_prefix.name}.vocab").unlink(missing_ok=True)
+    return model_prefix.parent / f"{model_prefix.name}.model"

@@ -1,0 +1,299 @@
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mt import corpus
+from mt.corpus import (
+    CleanCounts,
+    CorpusError,
+    HfDataset,
+    JsonlFile,
+    TextFiles,
+    TsvFile,
+    clean_pairs,
+    find_source,
+    multi30k,
+    named_source,
+    normalise,
+    read_pairs,
+)
+
+DATA = Path(__file__).parents[2] / "shared/data"
+MULTI30K = DATA / "multi30k"
+needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"no Multi30k mirror at {MULTI30K}")
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    raw = data.encode() if isinstance(data, str) else data
+    if path.suffix == ".gz":
+        raw = gzip.compress(raw)
+    path.write_bytes(raw)
+    return path
+
+
+def read(spec: str, split: str = "train", **kwargs) -> list[tuple[str, str]]:
+    return list(read_pairs(find_source(spec, "de", "en", split), **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------- formats
+
+
+def test_prefix_reads_plain_and_gz_files(tmp_path):
+    write(tmp_path / "c.de", "Hallo Welt\nGuten Tag\n")
+    write(tmp_path / "c.en.gz", "Hello world\nGood day\n")
+    source = find_source(str(tmp_path / "c"), "de", "en", "train")
+    assert source == TextFiles(tmp_path / "c.de", tmp_path / "c.en.gz")
+    assert list(read_pairs(source)) == [("Hallo Welt", "Hello world"), ("Guten Tag", "Good day")]
+
+
+def test_prefix_prefers_the_plain_file_over_gz(tmp_path):
+    write(tmp_path / "c.de", "plain\n")
+    write(tmp_path / "c.de.gz", "gzipped\n")
+    write(tmp_path / "c.en", "x\n")
+    assert read(str(tmp_path / "c")) == [("plain", "x")]
+
+
+def test_tsv(tmp_path):
+    path = write(tmp_path / "c.tsv", "Hallo\tHello\n  Tag \t Day\n")
+    assert find_source(str(path), "de", "en", "train") == TsvFile(path)
+    assert read(str(path)) == [("Hallo", "Hello"), ("Tag", "Day")]
+
+
+def test_tsv_gz(tmp_path):
+    path = write(tmp_path / "c.tsv.gz", "Hallo\tHello\n")
+    assert read(str(path)) == [("Hallo", "Hello")]
+
+
+@pytest.mark.parametrize("bad_line", ["no tab here", "one\ttwo\tthree"])
+def test_tsv_line_without_exactly_one_tab_names_file_and_line(tmp_path, bad_line):
+    path = write(tmp_path / "c.tsv", f"a\tb\n{bad_line}\n")
+    with pytest.raises(CorpusError, match=rf"{path}:2: expected 2 tab-separated fields"):
+        read(str(path))
+
+
+def test_jsonl_both_shapes_and_blank_lines(tmp_path):
+    rows = [
+        json.dumps({"de": "Hallo", "en": "Hello", "id": 1}),
+        "",
+        json.dumps({"translation": {"en": "Day", "de": "Tag"}}),
+    ]
+    path = write(tmp_path / "c.jsonl", "\n".join(rows) + "\n")
+    assert find_source(str(path), "de", "en", "train") == JsonlFile(path, "de", "en")
+    assert read(str(path)) == [("Hallo", "Hello"), ("Tag", "Day")]
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path):
+    path = write(tmp_path / "c.jsonl", '{"de": "a", "en": "b"}\n{"de": "a", "fr": "b"}\n')
+    with pytest.raises(CorpusError, match=rf"{path}:2: no 'en' key"):
+        read(str(path))
+    write(path, '{"de": "a", "en": "b"}\n{"de": "a", \n')
+    with pytest.raises(CorpusError, match=rf"{path}:2: invalid JSON"):
+        read(str(path))
+    write(path, '{"de": "a", "en": null}\n')
+    with pytest.raises(CorpusError, match=rf"{path}:1: 'en' is NoneType"):
+        read(str(path))
+
+
+def test_hf_dataset_from_a_local_directory(tmp_path, monkeypatch):
+    # Real `datasets.load_dataset` on a local data directory, so no network; the env vars keep it offline and out
+    # of ~/.cache when datasets is first imported here.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    data = tmp_path / "ds"
+    data.mkdir()
+    write(data / "train.jsonl", json.dumps({"translation": {"de": "Hallo", "en": "Hello"}}) + "\n")
+    write(data / "validation.jsonl", json.dumps({"translation": {"de": " Tag\n", "en": "Day"}}) + "\n")
+
+    source = find_source(f"hf:{data}", "de", "en", "valid")
+    assert source == HfDataset(str(data), None, "validation", "de", "en")
+    assert list(read_pairs(source)) == [("Tag", "Day")]
+    assert read(f"hf:{data}::train", split="test") == [("Hallo", "Hello")]  # an explicit split wins
+    with pytest.raises(CorpusError, match="split 'test'.*cannot load"):
+        read(f"hf:{data}", split="test")
+    with pytest.raises(CorpusError, match="no 'fr' key"):
+        list(read_pairs(find_source(f"hf:{data}", "de", "fr", "train")))
+
+
+# ---------------------------------------------------------------------------------------------- robustness
+
+
+def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
+    de = write(tmp_path / "c.de", "a\nb\nc\n")
+    en = write(tmp_path / "c.en", "x\ny\n")
+    with pytest.raises(CorpusError) as error:
+        read(str(tmp_path / "c"))
+    assert str(error.value).startswith(f"{de} has 3 lines but {en} has 2")
+    write(de, "a\n")
+    with pytest.raises(CorpusError, match=f"{de} has 1 lines but {en} has 2"):
+        read(str(tmp_path / "c"))
+
+
+def test_missing_files_are_named(tmp_path):
+    write(tmp_path / "c.de", "a\n")
+    with pytest.raises(
+        CorpusError, match=rf"no en file for corpus prefix .*{tmp_path / 'c.en'} nor {tmp_path / 'c.en.gz'}"
+    ):
+        find_source(str(tmp_path / "c"), "de", "en", "train")
+    with pytest.raises(CorpusError, match=rf"{tmp_path / 'nope.tsv'}: no such file"):
+        find_source(str(tmp_path / "nope.tsv"), "de", "en", "train")
+
+
+def test_empty_file_is_an_error(tmp_path):
+    write(tmp_path / "c.de", "")
+    write(tmp_path / "c.en.gz", "x\n")
+    with pytest.raises(CorpusError, match=rf"{tmp_path / 'c.de'}: file is empty"):
+        read(str(tmp_path / "c"))
+    write(tmp_path / "d.tsv.gz", "")
+    with pytest.raises(CorpusError, match="file is empty"):
+        read(str(tmp_path / "d.tsv.gz"))
+
+
+def test_invalid_utf8_names_file_and_line_and_replace_works(tmp_path):
+    de = write(tmp_path / "c.de", b"gut\nschl\xff\xfecht\n")
+    write(tmp_path / "c.en", "good\nbad\n")
+    with pytest.raises(CorpusError, match=rf"{de}:2: invalid UTF-8 .*--encoding-errors replace"):
+        read(str(tmp_path / "c"))
+    assert read(str(tmp_path / "c"), encoding_errors="replace") == [
+        ("gut", "good"),
+        ("schl\ufffd\ufffdcht", "bad"),
+    ]
+    assert read(str(tmp_path / "c"), encoding_errors="ignore")[1] == ("schlcht", "bad")
+
+
+def test_crlf_and_bom_are_handled_silently(tmp_path):
+    write(tmp_path / "c.de", b"\xef\xbb\xbfHallo\r\nWelt\r\n")
+    write(tmp_path / "c.en.gz", b"\xef\xbb\xbfHello\r\nWorld")  # no final newline either
+    assert read(str(tmp_path / "c")) == [("Hallo", "Hello"), ("Welt", "World")]
+    write(tmp_path / "c.tsv", b"\xef\xbb\xbfHallo\tHello\r\n")
+    assert read(str(tmp_path / "c.tsv")) == [("Hallo", "Hello")]
+    write(tmp_path / "c.jsonl", b'\xef\xbb\xbf{"de": "Hallo", "en": "Hello"}\r\n')
+    assert read(str(tmp_path / "c.jsonl")) == [("Hallo", "Hello")]
+
+
+def test_lone_carriage_returns_do_not_split_lines(tmp_path):
+    # Lines end at "\n" only (as `wc -l` counts), so a stray "\r" or U+2028 cannot misalign the two sides.
+    write(tmp_path / "c.de", "ein\rzwei\u2028drei\nvier\n")
+    write(tmp_path / "c.en", "one\ntwo\n")
+    assert read(str(tmp_path / "c")) == [("ein zwei drei", "one"), ("vier", "two")]
+
+
+def test_normalise():
+    assert normalise("  a\tb \u2029c\x85 \n") == "a\tb  c"
+    assert normalise("\n\r ") == ""
+
+
+def test_read_pairs_keeps_empty_lines(tmp_path):
+    write(tmp_path / "c.de", "a\n\n   \nd\n")
+    write(tmp_path / "c.en", "w\nx\ny\n\n")
+    assert read(str(tmp_path / "c"), split="test") == [("a", "w"), ("", "x"), ("", "y"), ("d", "")]
+
+
+# ---------------------------------------------------------------------------------------------- cleaning
+
+HANDMADE = [
+    ("ein Hund", "a dog"),  # kept
+    ("", "x"),  # empty
+    ("   ", "y"),  # empty after stripping
+    ("w " * 6, "six words"),  # too long (max_words=5), even though the ratio is fine
+    ("a", "abcdefghijk"),  # ratio 11 > 9
+    ("a", "abcdefghi"),  # ratio exactly 9: kept
+    ("w " * 5, "five"),  # exactly max_words: kept
+    ("ein Hund", "a dog"),  # duplicate
+    (" ein Hund ", "a dog\t"),  # duplicate once stripped
+    ("ein Hund", "a cat"),  # same source, other target: not a duplicate
+]
+
+
+def test_clean_counts_are_exact():
+    counts = CleanCounts()
+    kept = list(clean_pairs(HANDMADE, counts, max_words=5, max_ratio=9.0, dedup=True))
+    assert kept == [("ein Hund", "a dog"), ("a", "abcdefghi"), ("w w w w w", "five"), ("ein Hund", "a cat")]
+    assert counts.as_dict() == {
+        "read": 10,
+        "empty": 2,
+        "too_long": 1,
+        "ratio": 1,
+        "duplicates": 2,
+        "too_many_tokens": 0,
+        "kept": 4,
+    }
+
+
+def test_without_dedup_duplicates_are_kept():
+    counts = CleanCounts()
+    kept = list(clean_pairs(HANDMADE, counts, max_words=5, max_ratio=9.0, dedup=False))
+    assert len(kept) == counts.kept == 6
+    assert counts.duplicates == 0
+
+
+def test_dedup_compares_whole_pairs():
+    pairs = [("ab", "c"), ("a", "bc"), ("ab", "c"), ("c", "ab")]
+    counts = CleanCounts()
+    assert list(clean_pairs(pairs, counts, dedup=True)) == [("ab", "c"), ("a", "bc"), ("c", "ab")]
+    assert counts.duplicates == 1
+
+
+# ---------------------------------------------------------------------------------------------- multi30k
+
+
+def test_unknown_corpus_and_language():
+    with pytest.raises(CorpusError, match="unknown corpus 'wmt99'; known corpora: multi30k"):
+        named_source("wmt99", "train", "de", "en")
+    with pytest.raises(CorpusError, match="multi30k has no 'ja'"):
+        multi30k("train", "ja", "en")
+
+
+@needs_multi30k
+def test_multi30k_from_the_mirror(monkeypatch, tmp_path):
+    monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))  # must not be touched
+    source = named_source("multi30k", "test", "fr", "cs", mirror=DATA)
+    assert source == TextFiles(MULTI30K / "test_2016_flickr.fr.gz", MULTI30K / "test_2016_flickr.cs.gz")
+    assert len(list(read_pairs(source))) == 1000
+    monkeypatch.setenv("MT_MIRROR", str(DATA))  # the environment variable works as well
+    assert multi30k("valid", "de", "en") == TextFiles(MULTI30K / "val.de.gz", MULTI30K / "val.en.gz")
+    assert not (tmp_path / "cache").exists()
+
+
+def tampered_copy(directory: Path, name: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        shutil.copy(MULTI30K / f"val.{lang}.gz", directory / f"val.{lang}.gz")
+    with open(directory / name, "ab") as f:
+        f.write(b"\0")
+
+
+@needs_multi30k
+def test_checksum_catches_a_tampered_mirror_file(tmp_path):
+    tampered_copy(tmp_path / "mirror/multi30k", "val.en.gz")
+    with pytest.raises(CorpusError, match=r"val\.en\.gz: sha256 is [0-9a-f]{64}, expected 14f7d25d"):
+        multi30k("valid", "de", "en", mirror=tmp_path / "mirror")
+
+
+@needs_multi30k
+def test_download_goes_to_the_cache_verified(tmp_path, monkeypatch):
+    # The real download code path, offline: urllib reads file:// URLs as it reads https:// ones.
+    monkeypatch.delenv("MT_MIRROR", raising=False)
+    monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(corpus, "MULTI30K_URL", f"file://{MULTI30K}/{{name}}")
+    cache = tmp_path / "cache/multi30k"
+    assert multi30k("valid", "de", "en") == TextFiles(cache / "val.de.gz", cache / "val.en.gz")
+    assert sorted(p.name for p in cache.iterdir()) == ["val.de.gz", "val.en.gz"]
+
+    monkeypatch.setattr(corpus, "MULTI30K_URL", f"file://{tmp_path}/nowhere/{{name}}")
+    assert multi30k("valid", "de", "en").src_path == cache / "val.de.gz"  # served from the cache, no download
+    with pytest.raises(CorpusError, match=r"cannot download file://.*/nowhere/train\.de\.gz .*MT_MIRROR"):
+        multi30k("train", "de", "en")
+    with pytest.raises(CorpusError, match=r"and .*/empty/multi30k/train\.de\.gz does not exist"):
+        multi30k("train", "de", "en", mirror=tmp_path / "empty")  # a mirror without the file: try the cache
+
+    tampered_copy(tmp_path / "tampered", "val.de.gz")
+    monkeypatch.setattr(corpus, "MULTI30K_URL", f"file://{tmp_path}/tampered/{{name}}")
+    (cache / "val.de.gz").unlink()
+    with pytest.raises(
+        CorpusError, match=r"val\.de\.gz: downloaded file has sha256 [0-9a-f]{64}, expected f0cba2f9"
+    ):
+        multi30k("valid", "de", "en")
+    assert sorted(p.name for p in cache.iterdir()) == ["val.en.gz"]  # nothing half-written left behind
