@@ -15,7 +15,6 @@ install: $(VENV)/.installed
 # torch first and pinned: on its own, pip would resolve an unpinned torch to a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@

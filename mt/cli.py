@@ -84,25 +84,25 @@ def prepare(
 
 @app.command()
 def train(
-    config: Annotated[Path | None, typer.Argument(help="YAML config (see configs/); omit with --resume.")] = None,
+    config: Annotated[Path | None, typer.Argument(help="YAML config (see configs/) for a new run; none with --resume.")] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory [default: runs/CONFIG_NAME].")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config value: --set train.lr=1e-3 (repeatable).")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last.pt.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last.pt (--set may change train.* and decode.*).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train a Transformer on data written by `mt prepare`."""
-    from mt.config import Config, load_config
-    from mt.train import TrainInterrupted
+    from mt.config import load_config
+    from mt.train import TrainInterrupted, resume_config
     from mt.train import train as run
 
-    if config is None and not resume:
-        fail("give a config file (e.g. configs/demo.yaml), or --resume --out RUN_DIR")
+    if (config is None) != resume:
+        fail("give a config file (e.g. configs/demo.yaml) to start a run, or --resume --out RUN_DIR to continue one")
     if out is None:
         if config is None:
             fail("--resume needs --out RUN_DIR")
         out = Path("runs") / config.stem
     try:
-        cfg = load_config(config, set_ or []) if config is not None else Config()
+        cfg = resume_config(out, set_ or []) if resume else load_config(config, set_ or [])
         metrics = run(cfg, out, resume=resume, progress=not quiet)
     except TrainInterrupted as e:
         fail(str(e), code=130)

@@ -24,7 +24,7 @@ import yaml
 from tqdm import tqdm
 
 from mt import checkpoint
-from mt.config import Config, ConfigError, from_dict, to_dict
+from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
 from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import PAD, Tokenizer
@@ -110,15 +110,14 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
     last_path = out_dir / "last.pt"
     state = None
     if resume:
-        if not last_path.is_file():
-            raise TrainError(f"{last_path}: nothing to resume; drop --resume to start a new run")
         state = checkpoint.load(last_path)
-        cfg = from_dict(state["config"])  # the run continues with the config it started with
     elif last_path.is_file():
         raise TrainError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
 
     src_tok, tgt_tok, meta = load_tokenizers(data_dir)
     fit_vocab(cfg, src_tok, tgt_tok, meta.get("joint", True))
+    if state is not None and to_dict(cfg)["model"] != state["config"]["model"]:
+        raise TrainError(f"{last_path}: the model config differs from the run's; a resumed run keeps its model")
     t = cfg.train
     random.seed(t.seed)
     torch.manual_seed(t.seed)
@@ -168,7 +167,10 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
         nonlocal best_bleu
         metrics = {"step": pos.step, "epoch": pos.epoch}
         if valid_split is not None:
-            metrics |= validate(model, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
+            valid_started = time.time()
+            metrics |= validation_metrics(model, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
+            metrics["valid_seconds"] = time.time() - valid_started
+        metrics["elapsed"] = pos.elapsed + time.time() - started
         score = metrics.get("valid_bleu", -metrics.get("valid_loss", 0.0))
         if score > best_bleu or valid_split is None:
             best_bleu = score
@@ -252,6 +254,21 @@ class StopSignals:
             signal.signal(sig, handler)
 
 
+def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
+    """The config a run started with (from its last.pt), with `overrides` applied; the model cannot change."""
+    last_path = Path(out_dir) / "last.pt"
+    if not last_path.is_file():
+        raise TrainError(f"{last_path}: nothing to resume; drop --resume to start a new run")
+    cfg = from_dict(checkpoint.load(last_path)["config"])
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if key.strip().startswith("model."):
+            raise ConfigError(f"--set {item}: the model of a resumed run cannot change")
+        set_value(cfg, key.strip(), yaml.safe_load(value) if sep and value.strip() else value)
+    validate(cfg)
+    return cfg
+
+
 def finished(t, pos: Position, started: float) -> bool:
     if pos.step >= t.max_steps:
         return True
@@ -293,7 +310,7 @@ def log_interval(interval: dict, pos: Position, optimizer: torch.optim.Optimizer
 
 
 @torch.inference_mode()
-def validate(model: Transformer, split: Split, refs: list[str], tgt_tok: Tokenizer, cfg: Config,
+def validation_metrics(model: Transformer, split: Split, refs: list[str], tgt_tok: Tokenizer, cfg: Config,
              device: torch.device, amp_dtype: torch.dtype | None) -> dict:
     """Validation loss (per target token, label smoothing off) and greedy BLEU against the raw references."""
     model.eval()

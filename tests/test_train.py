@@ -58,3 +58,65 @@ def test_tiny_model_learns_to_copy():
         hyps += [(test[i], h.tokens) for i, h in zip(idx, out, strict=True)]
     exact = sum(src == hyp for src, hyp in hyps) / len(hyps)
     assert exact >= 0.9, f"copied {exact:.0%} of sequences exactly"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A small synthetic de→en corpus (a word-for-word 'translation'), prepared by the real `prepare`."""
+    import random
+
+    from mt.prepare import prepare
+
+    root = tmp_path_factory.mktemp("corpus")
+    lexicon = dict(zip("der die das hund katze baum rot blau sitzt läuft unter auf groß klein".split(),
+                       "the the the dog cat tree red blue sits runs under on big small".split(), strict=True))
+    rng = random.Random(0)
+    for split, n in (("train", 400), ("valid", 20)):
+        pairs = [[rng.choice(list(lexicon)) for _ in range(rng.randint(2, 8))] for _ in range(n)]
+        (root / f"{split}.de").write_text("".join(" ".join(p) + "\n" for p in pairs), encoding="utf-8")
+        (root / f"{split}.en").write_text("".join(" ".join(lexicon[w] for w in p) + "\n" for p in pairs),
+                                          encoding="utf-8")
+    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
+            progress=False)
+    return root / "data"
+
+
+def small_config(data, **train_changes):
+    cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64,
+                                                   dropout=0.1, max_len=32))
+    cfg.train.max_tokens, cfg.train.warmup, cfg.train.valid_every, cfg.train.log_every = 256, 10, 10, 5
+    for key, value in train_changes.items():
+        setattr(cfg.train, key, value)
+    return cfg
+
+
+def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path):
+    from mt import checkpoint
+    from mt.train import train
+
+    train(small_config(prepared, max_steps=30), tmp_path / "straight", progress=False)
+    train(small_config(prepared, max_steps=20), tmp_path / "resumed", progress=False)
+    train(small_config(prepared, max_steps=30), tmp_path / "resumed", resume=True, progress=False)
+    a = checkpoint.load(tmp_path / "straight" / "last.pt")
+    b = checkpoint.load(tmp_path / "resumed" / "last.pt")
+    assert a["step"] == b["step"] == 30
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_a_run_directory_is_never_overwritten(prepared, tmp_path):
+    from mt.train import TrainError, train
+
+    train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
+    with pytest.raises(TrainError, match="already holds a run; pass --resume"):
+        train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
+
+
+def test_vocabulary_mismatch_is_a_clear_error(prepared, tmp_path):
+    from mt.config import ConfigError
+    from mt.train import train
+
+    cfg = small_config(prepared, max_steps=10)
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 999
+    with pytest.raises(ConfigError, match="vocabulary of"):
+        train(cfg, tmp_path / "run", progress=False)

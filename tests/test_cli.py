@@ -1,0 +1,86 @@
+"""The whole pipeline through the real command line on a slice of Multi30k: prepare → train → translate → evaluate."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def mt(*args, stdin=None, cwd=None, check=True):
+    result = subprocess.run([sys.executable, "-m", "mt", *map(str, args)], input=stdin, capture_output=True,
+                            text=True, cwd=cwd, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"mt {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def slice_corpus(mirror, out, split, lang, n):
+    with gzip.open(mirror / "multi30k" / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(n)]
+    (out / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+
+
+def test_prepare_train_translate_evaluate(mirror, tmp_path):
+    for split, n in (("train", 3000), ("val", 60), ("test_2016_flickr", 50)):
+        for lang in ("de", "en"):
+            slice_corpus(mirror, tmp_path, split, lang, n)
+    data = tmp_path / "data"
+    out = mt("prepare", "--train", tmp_path / "train", "--valid", tmp_path / "val",
+             "--test", tmp_path / "test_2016_flickr", "--src", "de", "--tgt", "en", "--vocab-size", 1000,
+             "--out", data, "--quiet")
+    assert "3,000" in out.stdout or "2,99" in out.stdout
+    meta = json.loads((data / "meta.json").read_text())
+    assert meta["splits"]["test"]["pairs"] == 50
+
+    run = tmp_path / "run"
+    settings = ["model.d_model=64", "model.n_heads=4", "model.n_enc_layers=1", "model.n_dec_layers=1",
+                "model.d_ff=128", "train.max_steps=40", "train.valid_every=20", "train.warmup=10",
+                "train.max_tokens=1024", f"data={data}"]
+    mt("train", "configs/demo.yaml", "--out", run, *[x for s in settings for x in ("--set", s)], "--quiet",
+       cwd=None)
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    valids = [entry for entry in log if "valid_loss" in entry]
+    assert [v["step"] for v in valids] == [20, 40]
+    assert valids[-1]["valid_loss"] < valids[0]["valid_loss"]
+    assert (run / "best.pt").is_file() and (run / "last.pt").is_file()
+
+    source = (data / "test.src.txt").read_text(encoding="utf-8").splitlines()[:5]
+    text = "\n".join(source[:2] + ["", "   "] + source[2:]) + "\n"
+    result = mt("translate", "--checkpoint", run / "best.pt", "--beam", 2, stdin=text)
+    lines = result.stdout.split("\n")[:-1]
+    assert len(lines) == 7 and lines[2] == "" and lines[3] == ""
+    assert all(lines[i] for i in (0, 1, 4, 5, 6))
+
+    hyp = tmp_path / "hyp.en"
+    mt("translate", "--checkpoint", run / "best.pt", "--input", data / "test.src.txt", "--output", hyp)
+    assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
+    report = mt("evaluate", "--hyp", hyp, "--ref", data / "test.tgt.txt", "--json")
+    scores = json.loads(report.stdout)
+    assert "nrefs:1" in scores["bleu"]["signature"] and scores["sentences"] == 50
+    direct = mt("evaluate", "--checkpoint", run / "best.pt", "--src", data / "test.src.txt",
+                "--ref", data / "test.tgt.txt", "--json")
+    assert json.loads(direct.stdout)["bleu"]["score"] == pytest.approx(scores["bleu"]["score"])
+
+    resumed = mt("train", "--resume", "--out", run, "--set", "train.max_steps=60", "--quiet", check=False)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_bad_input_is_a_one_line_error_with_exit_code_2(tmp_path):
+    (tmp_path / "a.de").write_text("eins\nzwei\n")
+    (tmp_path / "a.en").write_text("one\n")
+    result = mt("prepare", "--train", tmp_path / "a", "--out", tmp_path / "out", "--quiet", check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "a.de" in result.stderr and "a.en" in result.stderr
+    assert not (tmp_path / "out").exists()
+    result = mt("train", tmp_path / "missing.yaml", check=False)
+    assert result.returncode == 2 and "missing.yaml" in result.stderr
+    result = mt("translate", "--checkpoint", tmp_path / "none.pt", stdin="x\n", check=False)
+    assert result.returncode == 2 and "none.pt" in result.stderr
+
+
+def test_version_and_help():
+    assert mt("--version").stdout.startswith("mt ")
+    for command in ("prepare", "train", "translate", "evaluate"):
+        assert "--help" in mt(command, "--help").stdout
