@@ -8,7 +8,7 @@ export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 DATA   := data/prepared/multi30k_de_en
 RUN    := runs/demo
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench bench-compare lint clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,16 @@ demo: install
 	$(BIN)/mt train configs/demo.yaml --out $(RUN) --set data=$(DATA)
 	$(BIN)/mt evaluate --checkpoint $(RUN)/best.pt --src $(DATA)/test.src.txt --ref $(DATA)/test.tgt.txt
 	@echo "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche." | $(BIN)/mt translate --checkpoint $(RUN)/best.pt
+
+# The standard grid, one process per setting; rewrites the README's benchmark table.
+bench: install
+	$(BIN)/mt bench translate --grid --readme README.md
+
+# mt against Hugging Face generate and CTranslate2, side by side (installs the optional extra).
+bench-compare: install
+	$(BIN)/pip install --quiet -e '.[bench]'
+	for preset in small base; do for beam in 1 4; do \
+		$(BIN)/python benchmarks/compare_translate.py --preset $$preset --beam $$beam --batch 64 --int8; done; done
 
 clean:
 	rm -rf $(VENV) runs data/prepared

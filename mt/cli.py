@@ -12,7 +12,8 @@ import typer
 
 from mt import __version__
 
-app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+# rich_markup_mode=None: plain help text. Rich markup would swallow every "[default: ...]" we write by hand.
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Train and use Transformer machine-translation models.")
 
 
@@ -120,34 +121,75 @@ def translate(
     len_penalty: Annotated[float | None, typer.Option(help="GNMT length penalty alpha [default: the checkpoint's].")] = None,
     nbest: Annotated[int, typer.Option(help="Output the N best translations as `line ||| text ||| score`.")] = 1,
     batch_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch.")] = None,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized linear layers, CPU).")] = "fp32",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
     encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict or replace.")] = "strict",
+    attention: Annotated[Path | None, typer.Option(help="Write a cross-attention heatmap per input line into this directory: DIR/000001.png, ...")] = None,
+    alignments: Annotated[Path | None, typer.Option(help="Write source-target alignments from the attention to this file, one line per input line, Pharaoh format (`0-0 1-2`, 0-based).")] = None,
+    layer: Annotated[int | None, typer.Option(help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
+    head: Annotated[int | None, typer.Option(help="With --layer: this attention head, 0-based [default: the mean of all heads].")] = None,
 ) -> None:
-    """Translate lines from stdin or a file: one output line per input line, in order."""
+    """Translate lines from stdin or a file: one output line per input line, in order.
+
+    With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
+    Ctrl-D to quit.
+    """
+    import torch
+
     from mt.checkpoint import load_model
     from mt.train import pick_device
-    from mt.translate import Options, translate_stream
+    from mt.translate import PRECISIONS, Options, for_inference, translate_stream
 
+    if precision not in PRECISIONS:
+        fail(f"--precision {precision}: must be one of {', '.join(PRECISIONS)}")
+    if threads:
+        torch.set_num_threads(threads)
     try:
         dev = pick_device(device)
         loaded = load_model(checkpoint, dev)
     except user_errors() as e:
         fail(str(e))
+    if precision == "int8" and dev.type != "cpu":
+        fail("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
+    loaded.model = for_inference(loaded.model, precision)
     opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
-                               batch_tokens=batch_tokens)
+                               batch_tokens=batch_tokens, precision=precision)
     if opts.nbest > opts.beam:
         opts.beam = opts.nbest
     if input is not None and not input.is_file():
         fail(f"{input}: input file not found")
+    inspect = attention is not None or alignments is not None
+    if inspect:
+        check_attention_options(opts.nbest, layer, head, loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads)
     source = open(input, encoding="utf-8-sig", errors=encoding_errors, newline="\n") if input else \
         io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors=encoding_errors, newline="\n")
     try:
+        if input is None and output is None and not inspect and sys.stdin.isatty():
+            from mt.interactive import interactive
+
+            interactive(loaded, opts, dev, source, sys.stdout, sys.stderr)
+            return
+        aligned: list[str] = []
+        if inspect:
+            from mt.attention import translate_with_attention
+
+            def texts():
+                for text, pairs in translate_with_attention(loaded, source, opts, dev, attention, layer, head):
+                    aligned.append(pairs)
+                    yield text
+
+            results = texts()
+        else:
+            results = translate_stream(loaded, source, opts, dev)
         if output is None:
-            for line in translate_stream(loaded, source, opts, dev):
+            for line in results:
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
         else:
-            write_atomic(output, translate_stream(loaded, source, opts, dev))
+            write_atomic(output, results)
+        if alignments is not None:
+            write_atomic(alignments, aligned)
     except UnicodeDecodeError as e:
         fail(f"{input or 'stdin'}: not valid UTF-8 ({e.reason}); fix the input or pass --encoding-errors replace")
     finally:
@@ -186,6 +228,17 @@ def evaluate(
     typer.echo(render(report, json_))
 
 
+def check_attention_options(nbest: int, layer: int | None, head: int | None, n_layers: int, n_heads: int) -> None:
+    if nbest > 1:
+        fail("--attention and --alignments show the best translation only; drop --nbest")
+    if head is not None and layer is None:
+        fail("--head picks a head within a layer: give --layer too")
+    if layer is not None and not 0 <= layer < n_layers:
+        fail(f"--layer {layer}: the model has decoder layers 0 to {n_layers - 1}")
+    if head is not None and not 0 <= head < n_heads:
+        fail(f"--head {head}: the model has heads 0 to {n_heads - 1}")
+
+
 def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
     from mt.checkpoint import load_model
     from mt.evaluate import read_text
@@ -208,3 +261,149 @@ def write_atomic(path: Path, lines) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@app.command()
+def plot(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by `mt train`; several are drawn on one chart.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The PNG file to write.")] = Path("curves.png"),
+) -> None:
+    """Training and validation curves (loss, BLEU, learning rate, tokens/s against steps) as a PNG."""
+    from mt.plot import PlotError, plot_runs
+
+    try:
+        plot_runs(run_dirs, out)
+    except PlotError as e:
+        fail(str(e))
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+def info(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint (best.pt or last.pt) written by `mt train`.")],
+    json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Architecture, parameter count, vocabulary, languages, training step, validation scores and config."""
+    import json
+
+    from mt.info import describe, render
+
+    try:
+        d = describe(checkpoint)
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(json.dumps(d, indent=2, ensure_ascii=False) if json_ else render(d))
+
+
+@app.command()
+def score(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`.")],
+    src: Annotated[Path, typer.Option("--src", "-s", help="Source sentences, one per line.")],
+    tgt: Annotated[Path, typer.Option("--tgt", "-t", help="Their translations to score, line-aligned with --src.")],
+    batch_tokens: Annotated[int | None, typer.Option(help="Tokens per batch [default: the checkpoint's decode.batch_tokens].")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Log-probability (natural log, EOS included) of each --tgt line given its --src line: one per line."""
+    from mt.checkpoint import load_model
+    from mt.evaluate import read_text
+    from mt.score import ScoreError, score_pairs
+    from mt.train import pick_device
+
+    try:
+        sources, targets = read_text(src), read_text(tgt)
+        if len(sources) != len(targets):
+            fail(f"{src} has {len(sources)} lines but {tgt} has {len(targets)}; they must be line-aligned")
+        dev = pick_device(device)
+        scores = score_pairs(load_model(checkpoint, dev), sources, targets, dev, batch_tokens, progress=not quiet)
+    except (ScoreError, *user_errors()) as e:
+        fail(str(e))
+    for value in scores:
+        typer.echo(f"{value:.4f}")
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: throughput measured the same way on any machine.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("translate")
+def bench_translate(
+    preset: Annotated[str, typer.Option(help="Random-weight model: small (256d, 3+3) or base (512d, 6+6).")] = "small",
+    checkpoint: Annotated[Path | None, typer.Option(help="Benchmark a trained checkpoint instead (with --input).")] = None,
+    input: Annotated[Path | None, typer.Option(help="Real sentences for --checkpoint (their real lengths are used).")] = None,
+    beam: Annotated[int, typer.Option(help="Beam size; 1 is greedy.")] = 4,
+    batch: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
+    sentences: Annotated[int, typer.Option(help="Sentences per timed run [default: max(batch, 16)].")] = 0,
+    src_len: Annotated[int, typer.Option(help="Source tokens per sentence (presets).")] = 24,
+    tgt_len: Annotated[int, typer.Option(help="Output tokens per sentence, forced (presets).")] = 24,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization).")] = "fp32",
+    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
+    runs: Annotated[int, typer.Option(help="Timed runs; the median is reported.")] = 5,
+    grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting.")] = False,
+    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table into this README.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
+) -> None:
+    """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
+    import json
+    import subprocess
+
+    from mt.bench import TranslateBench, markdown_table, write_readme_table
+    from mt.bench import bench_translate as run
+    from mt.bench import grid as standard_grid
+
+    if not grid:
+        b = TranslateBench(preset, str(checkpoint) if checkpoint else None, str(input) if input else None, beam,
+                           batch, sentences, src_len, tgt_len, precision, threads, runs)
+        try:
+            result = run(b)
+        except (ValueError, *user_errors()) as e:
+            fail(str(e))
+        typer.echo(json.dumps(result) if json_ else markdown_table([result]))
+        return
+    rows = []
+    for b in standard_grid():
+        args = [sys.executable, "-m", "mt", "bench", "translate", "--json", "--preset", b.preset, "--beam",
+                str(b.beam), "--batch", str(b.batch), "--precision", b.precision, "--runs", str(b.runs)]
+        if threads:
+            args += ["--threads", str(threads)]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        rows.append(json.loads(out))
+        typer.echo(out.strip() if json_ else markdown_table(rows[-1:]).splitlines()[-1], err=not json_)
+    table = markdown_table(rows)
+    typer.echo(table)
+    if readme is not None:
+        write_readme_table(readme, "translate", table, "mt bench translate --grid --readme README.md")
+
+
+@bench_app.command("train")
+def bench_train(
+    preset: Annotated[str, typer.Option(help="Architecture: small (256d, 3+3) or base (512d, 6+6).")] = "small",
+    data: Annotated[Path | None, typer.Option(help="Prepared data dir: real length-grouped batches of --max-tokens.")] = None,
+    batch: Annotated[int, typer.Option(help="Fixed-shape batches: sentences per batch.")] = 64,
+    src_len: Annotated[int, typer.Option(help="Fixed-shape batches: source tokens per sentence.")] = 24,
+    tgt_len: Annotated[int, typer.Option(help="Fixed-shape batches: target tokens per sentence.")] = 24,
+    max_tokens: Annotated[int, typer.Option(help="With --data: token budget per batch.")] = 4096,
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast).")] = "fp32",
+    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
+    steps: Annotated[int, typer.Option(help="Timed training steps (after 3 warm-up steps).")] = 10,
+    json_: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
+    import json
+
+    from mt.bench import TrainBench
+    from mt.bench import bench_train as run
+
+    if precision not in ("fp32", "bf16"):
+        fail(f"--precision {precision}: must be fp32 or bf16")
+    try:
+        result = run(TrainBench(preset, str(data) if data else None, batch, src_len, tgt_len, max_tokens, precision,
+                                threads, steps))
+    except (ValueError, *user_errors()) as e:
+        fail(str(e))
+    if json_:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"{result['tgt_tok_per_s']:,.0f} tgt tok/s · MFU {result['mfu']:.1%} of "
+                   f"{result['peak_tflops'] * 1000:.0f} GFLOP/s · {result['flops_per_tgt_token'] / 1e6:.1f} MFLOP/token"
+                   f" · padding {result['padding_fraction']:.1%} · peak RSS {result['peak_rss_mb']:,.0f} MB")

@@ -51,14 +51,20 @@ class SelfAttention(nn.Module):
                       mask, self.dropout if self.training else 0.0, causal)
         return self.out(merge_heads(y))
 
-    def step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """One decoding step: x (B, 1, D) attends to the cached keys/values plus its own. Returns y, k, v."""
-        q, k, v = self.qkv(x).split(x.size(-1), dim=-1)
-        k, v = split_heads(k, self.n_heads), split_heads(v, self.n_heads)  # (B, H, 1, Dh)
-        if past_k is not None:
-            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # (B, H, t, Dh)
-        y = attention(split_heads(q, self.n_heads), k, v, None, 0.0, causal=False)
-        return self.out(merge_heads(y)), k, v
+    def step(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, t: int) -> Tensor:
+        """One decoding step at position t: x (B, 1, D) attends to positions 0..t of the cache.
+
+        The caches are time-major (L, B, H, Dh) buffers preallocated to the longest output; this step's key and
+        value are written in place at row t, so nothing is concatenated or reallocated per step.
+        """
+        b = x.size(0)
+        q, k, v = self.qkv(x).view(b, 3, self.n_heads, -1).unbind(1)  # (B, H, Dh) each
+        k_cache[t] = k
+        v_cache[t] = v
+        keys = k_cache[:t + 1].permute(1, 2, 0, 3)  # (B, H, t+1, Dh), a strided view
+        values = v_cache[:t + 1].permute(1, 2, 0, 3)
+        y = attention(q[:, :, None], keys, values, None, 0.0, causal=False)  # (B, H, 1, Dh)
+        return self.out(merge_heads(y))
 
 
 class CrossAttention(nn.Module):
@@ -138,29 +144,41 @@ class DecoderLayer(nn.Module):
         x = self.res_cross.add(x, self.cross_attn(self.res_cross.normed_input(x), mem_k, mem_v, src_mask))
         return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x)))
 
-    def step(self, x: Tensor, past_k: Tensor | None, past_v: Tensor | None, mem_k: Tensor, mem_v: Tensor,
-             src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        y, k, v = self.self_attn.step(self.res_self.normed_input(x), past_k, past_v)
-        x = self.res_self.add(x, y)
+    def step(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, t: int, mem_k: Tensor, mem_v: Tensor,
+             src_mask: Tensor) -> Tensor:
+        x = self.res_self.add(x, self.self_attn.step(self.res_self.normed_input(x), k_cache, v_cache, t))
         x = self.res_cross.add(x, self.cross_attn(self.res_cross.normed_input(x), mem_k, mem_v, src_mask))
-        return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x))), k, v
+        return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x)))
 
 
 @dataclass
 class DecoderCache:
-    """Everything incremental decoding needs between steps, per layer; rows are (sentence × beam)."""
+    """Everything incremental decoding needs between steps, per decoder layer; rows are (sentence × beam).
+
+    `decode_step` writes into the self-attention buffers in place and returns the cache one position longer:
+    a cache is used once, then replaced by the one returned.
+    """
 
     mem_k: list[Tensor]  # (B, H, S, Dh) per layer: the encoder output's cross-attention keys, computed once
     mem_v: list[Tensor]
-    self_k: list[Tensor | None]  # (B, H, t, Dh) per layer: keys of the target prefix decoded so far
-    self_v: list[Tensor | None]
+    self_k: list[Tensor]  # (L, B, H, Dh) per layer: keys of the target prefix, positions [0, length) filled
+    self_v: list[Tensor]
     src_mask: Tensor  # (B, 1, 1, S)
     length: int = 0  # target positions decoded so far
 
     def select(self, rows: Tensor) -> DecoderCache:
-        """Keep (and reorder) the rows in `rows`: beam reordering and dropping finished sentences."""
-        pick = lambda ts: [t.index_select(0, rows) if t is not None else None for t in ts]  # noqa: E731
-        return DecoderCache(pick(self.mem_k), pick(self.mem_v), pick(self.self_k), pick(self.self_v),
+        """Keep (and reorder) the rows in `rows`: beam reordering and dropping finished sentences.
+
+        Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block.
+        """
+        def pick_filled(buf: Tensor) -> Tensor:
+            new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
+            torch.index_select(buf[:self.length], 1, rows, out=new[:self.length])
+            return new
+
+        return DecoderCache([k.index_select(0, rows) for k in self.mem_k],
+                            [v.index_select(0, rows) for v in self.mem_v],
+                            [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
                             self.src_mask.index_select(0, rows), self.length)
 
 
@@ -228,21 +246,24 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(tgt, memory, src_mask)
 
-    def start_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
+    def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None) -> DecoderCache:
+        """A cache for decoding up to `max_steps` positions (default: model.max_len) after `encode`."""
+        steps = max_steps or self.cfg.max_len
         mem_kv = [layer.cross_attn.memory_kv(memory) for layer in self.decoder]
-        n = len(self.decoder)
-        return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], [None] * n, [None] * n, src_mask)
+        b, h, dh = memory.size(0), self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
+        empty = [memory.new_empty((steps, b, h, dh)) for _ in range(2 * len(self.decoder))]
+        return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], empty[0::2], empty[1::2], src_mask)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """Next-token logits (B, V) for the last tokens (B,), given everything before them in `cache`."""
-        x = self.embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B, 1, D)
-        self_k, self_v = [], []
+        t = cache.length
+        if t >= cache.self_k[0].size(0):
+            raise ValueError(f"decoding step {t + 1} exceeds the cache's {cache.self_k[0].size(0)} positions")
+        x = self.embed(self.tgt_embed, tokens[:, None], start=t)  # (B, 1, D)
         for i, layer in enumerate(self.decoder):
-            x, k, v = layer.step(x, cache.self_k[i], cache.self_v[i], cache.mem_k[i], cache.mem_v[i], cache.src_mask)
-            self_k.append(k)
-            self_v.append(v)
+            x = layer.step(x, cache.self_k[i], cache.self_v[i], t, cache.mem_k[i], cache.mem_v[i], cache.src_mask)
         logits = self.output(self.dec_norm(x[:, 0]))
-        return logits, DecoderCache(cache.mem_k, cache.mem_v, self_k, self_v, cache.src_mask, cache.length + 1)
+        return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:

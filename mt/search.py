@@ -34,107 +34,116 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 
 
 @torch.inference_mode()
-def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10) -> list[Hypothesis]:
-    """The most likely next token at every step until EOS or the length limit."""
+def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0) -> list[Hypothesis]:
+    """The most likely next token at every step until EOS or the length limit (EOS barred before `min_len`)."""
     memory, src_mask = model.encode(src)
-    cache = model.start_cache(memory, src_mask)
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    steps = int(limit.max())
+    cache = model.start_cache(memory, src_mask, steps)
     n = src.size(0)
     active = torch.arange(n, device=src.device)  # original row of each running row
     tokens = torch.full((n,), BOS, dtype=torch.long, device=src.device)
-    out: list[list[int]] = [[] for _ in range(n)]
-    logprob = [0.0] * n
-    for step in range(int(limit.max())):
+    out = torch.full((n, steps), EOS, dtype=torch.long, device=src.device)
+    logprob = torch.zeros(n, device=src.device)
+    for step in range(steps):
         logits, cache = model.decode_step(tokens, cache)
         logp = torch.log_softmax(logits.float(), dim=-1)
-        at_limit = limit[active] <= step + 1
-        logp[at_limit] = torch.where(torch.arange(logp.size(1), device=logp.device) == EOS, 0.0, -torch.inf)
-        best_lp, tokens = logp.max(dim=-1)
-        for row, (tok, lp) in enumerate(zip(tokens.tolist(), best_lp.tolist(), strict=True)):
-            i = int(active[row])
-            logprob[i] += lp
-            if tok != EOS:
-                out[i].append(tok)
+        if step < min_len:
+            logp[:, EOS] = -torch.inf
+        logp = force_eos_at_limit(logp, limit[active] <= step + 1)
+        best, tokens = logp.max(dim=-1)
+        out[active, step] = tokens
+        logprob[active] += best
         running = tokens != EOS
-        if not running.any():
-            break
         if not running.all():
+            if not running.any():
+                break
             keep = running.nonzero().squeeze(1)
             active, tokens, cache = active[keep], tokens[keep], cache.select(keep)
-    return [Hypothesis(toks, logprob[i], logprob[i]) for i, toks in enumerate(out)]
+    return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
 
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max_len_a: float = 1.5,
-                max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+                max_len_b: int = 10, nbest: int = 1, min_len: int = 0) -> list[list[Hypothesis]]:
     """Beam search with the GNMT length penalty; returns the `nbest` best hypotheses per sentence, best first.
 
     A hypothesis that emits EOS among the top `beam` candidates is finished. A sentence stops once it has
     `nbest` finished hypotheses and no live beam can still beat the worst of them, judging a live beam by its
     score normalised at the current length (as most toolkits do; with len_penalty 0 the judgment is exact,
-    since log-probabilities only fall). With beam 1 this is exactly greedy search.
+    since log-probabilities only fall). With beam 1 this is exactly greedy search. EOS is barred before
+    `min_len` tokens (benchmarks use it, with the length limit, to fix the output length).
     """
     if nbest > beam:
         raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
     device = src.device
     n, k = src.size(0), beam
     memory, src_mask = model.encode(src)
-    rows = torch.arange(n, device=device).repeat_interleave(k)  # each sentence's k beams, side by side
-    cache = model.start_cache(memory.index_select(0, rows), src_mask.index_select(0, rows))
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    steps = int(limit.max())
+    rows = torch.arange(n, device=device).repeat_interleave(k)  # each sentence's k beams, side by side
+    cache = model.start_cache(memory.index_select(0, rows), src_mask.index_select(0, rows), steps)
 
     active = torch.arange(n, device=device)  # original sentence of each running sentence
     scores = torch.full((n, k), -torch.inf, device=device)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
-    prefixes = torch.full((n * k, 0), BOS, dtype=torch.long, device=device)
+    prefixes = torch.zeros((n * k, 0), dtype=torch.long, device=device)
     last = torch.full((n * k,), BOS, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    kth_best = torch.full((n,), -torch.inf, device=device)  # score of each sentence's nbest-th finished hypothesis
 
-    for step in range(int(limit.max())):
+    for step in range(steps):
         logits, cache = model.decode_step(last, cache)
         logp = torch.log_softmax(logits.float(), dim=-1)  # (n*k, V)
         vocab = logp.size(1)
-        at_limit = (limit[active] <= step + 1).repeat_interleave(k)
-        logp[at_limit] = torch.where(torch.arange(vocab, device=device) == EOS, 0.0, -torch.inf)
+        if step < min_len:
+            logp[:, EOS] = -torch.inf
+        logp = force_eos_at_limit(logp, (limit[active] <= step + 1).repeat_interleave(k))
         cand = (scores[:, :, None] + logp.view(-1, k, vocab)).view(-1, k * vocab)  # (n, k*V)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # 2k: at least k of them do not end in EOS
         top_beam, top_tok = top_idx // vocab, top_idx % vocab
 
-        # Finish the hypotheses that end in EOS among the k best candidates.
+        # Finish the hypotheses that end in EOS among the k best candidates (a few per step: a short loop).
         ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
         if ends.any():
             penalty = length_penalty(step + 1, len_penalty)
             for s, j in ends.nonzero().tolist():
-                row = s * k + int(top_beam[s, j])
-                lp = float(top_scores[s, j])
-                finished[int(active[s])].append(Hypothesis(prefixes[row].tolist(), lp / penalty, lp))
+                i = int(active[s])
+                logprob = float(top_scores[s, j])
+                finished[i].append(Hypothesis(prefixes[s * k + int(top_beam[s, j])].tolist(), logprob / penalty,
+                                              logprob))
+                if len(finished[i]) >= nbest:
+                    finished[i] = sorted(finished[i], key=lambda h: h.score, reverse=True)[:nbest]
+                    kth_best[i] = finished[i][-1].score
 
         # The k best continuations that do not end in EOS stay live.
-        live_scores = top_scores.masked_fill(top_tok == EOS, -torch.inf)
-        scores, pick = live_scores.topk(k, dim=1)  # (n, k)
+        scores, pick = top_scores.masked_fill(top_tok == EOS, -torch.inf).topk(k, dim=1)  # (n, k)
         beam_of = top_beam.gather(1, pick)
         tok = top_tok.gather(1, pick)
-        src_rows = (torch.arange(active.numel(), device=device)[:, None] * k + beam_of).view(-1)
+        parent = (torch.arange(active.numel(), device=device)[:, None] * k + beam_of).view(-1)
 
-        # Which sentences are done: enough finished, and the best live beam cannot beat the worst kept one.
-        best_live = scores[:, 0] / length_penalty(step + 1, len_penalty)
-        done = []
-        for s, i in enumerate(active.tolist()):
-            hyps = finished[i]
-            if len(hyps) >= nbest:
-                hyps.sort(key=lambda h: h.score, reverse=True)
-                done.append(hyps[nbest - 1].score >= float(best_live[s]) or not torch.isfinite(best_live[s]))
-            else:
-                done.append(False)
-        keep = torch.tensor([not d for d in done], device=device)
-        if not keep.any():
-            break
-        src_rows = src_rows.view(-1, k)[keep].view(-1)
-        scores, tok, active = scores[keep], tok[keep], active[keep]
-        prefixes = torch.cat([prefixes.index_select(0, src_rows), tok.view(-1, 1)], dim=1)
+        # A sentence is done when no live beam can beat the nbest-th finished one (-inf >= -inf: none can).
+        keep = kth_best[active] < scores[:, 0] / length_penalty(step + 1, len_penalty)
+        if not keep.all():
+            if not keep.any():
+                break
+            parent = parent.view(-1, k)[keep].view(-1)
+            scores, tok, active = scores[keep], tok[keep], active[keep]
+        prefixes = torch.cat([prefixes.index_select(0, parent), tok.view(-1, 1)], dim=1)
         last = tok.view(-1)
-        cache = cache.select(src_rows)
+        cache = cache.select(parent)
 
-    for hyps in finished:
-        hyps.sort(key=lambda h: h.score, reverse=True)
-    return [hyps[:nbest] for hyps in finished]
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+
+def force_eos_at_limit(logp: Tensor, at_limit: Tensor) -> Tensor:
+    """Rows that reached their length limit may only end: EOS gets log-probability 0, all else -inf."""
+    if at_limit.any():
+        eos_only = torch.full_like(logp[0], -torch.inf)
+        eos_only[EOS] = 0.0
+        logp[at_limit] = eos_only
+    return logp
+
+
+def until_eos(tokens: list[int]) -> list[int]:
+    return tokens[:tokens.index(EOS)] if EOS in tokens else tokens

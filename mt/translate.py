@@ -8,10 +8,13 @@ which maps what it does not know to <unk>.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from mt.checkpoint import Loaded
 from mt.config import DecodeConfig
@@ -20,6 +23,26 @@ from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
 CHUNK_LINES = 10_000  # lines read ahead and sorted together; bounds memory on endless input
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def for_inference(model: nn.Module, precision: str) -> nn.Module:
+    """The model to decode with: as is (fp32, bf16 autocast), or with int8 dynamically quantized linear layers.
+
+    int8 quantizes every nn.Linear's weights once and each activation on the fly (CPU only): roughly twice the
+    fp32 speed on CPUs with VNNI, at a small cost in BLEU (measure it with `mt evaluate`).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision != "int8":
+        return model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor; it still works
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+def autocast(precision: str, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
 @dataclass
@@ -32,6 +55,7 @@ class Options:
     max_len_b: int
     batch_tokens: int
     nbest: int = 1
+    precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
 
     @classmethod
     def from_config(cls, d: DecodeConfig, **changes) -> Options:
@@ -48,10 +72,12 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
     results: list[list[Hypothesis]] = [[] for _ in srcs]
     for idx in batch_by_tokens(lengths, opts.batch_tokens):
         src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        if opts.beam == 1 and opts.nbest == 1:
-            hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
-        else:
-            hyps = beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest)
+        with autocast(opts.precision, device):
+            if opts.beam == 1 and opts.nbest == 1:
+                hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
+            else:
+                hyps = beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b,
+                                   opts.nbest)
         for i, h in zip(idx, hyps, strict=True):
             results[i] = h
     return results

@@ -5,9 +5,8 @@ import torch
 from torch import nn
 
 from mt.config import ModelConfig
-from mt.model import DecoderCache
 from mt.search import beam_search, greedy, length_penalty
-from mt.tokenizer import EOS, PAD
+from mt.tokenizer import BOS, EOS, PAD
 
 from .conftest import tiny_model
 
@@ -46,6 +45,16 @@ def test_batch_equals_one_by_one():
     assert [h.tokens for h in g_batched] == [h.tokens for h in g_alone]
 
 
+class PrefixCache:
+    """The fake model's decoding state: each row's prefix, reordered by `select` like a real cache."""
+
+    def __init__(self, prefix: torch.Tensor):
+        self.prefix = prefix
+
+    def select(self, rows):
+        return PrefixCache(self.prefix.index_select(0, rows))
+
+
 class FixedModel(nn.Module):
     """A stand-in decoder whose next-token distribution depends only on the prefix, from a hand-made table."""
 
@@ -57,18 +66,17 @@ class FixedModel(nn.Module):
     def encode(self, src):
         return torch.zeros(src.size(0), src.size(1), 1), (src != PAD)[:, None, None, :]
 
-    def start_cache(self, memory, src_mask):
-        prefix = torch.zeros(memory.size(0), 0, dtype=torch.long)
-        return DecoderCache([prefix], [prefix], [None], [None], src_mask)
+    def start_cache(self, memory, src_mask, max_steps=None):
+        return PrefixCache(torch.zeros(memory.size(0), 0, dtype=torch.long))
 
     def decode_step(self, tokens, cache):
-        # The prefix so far is kept in mem_k[0] (a (B, t) tensor), so `select` reorders it like real state.
-        prefix = torch.cat([cache.mem_k[0], tokens[:, None]], 1) if cache.length else cache.mem_k[0]
+        started = cache.prefix.size(1) > 0 or bool((tokens != BOS).any())
+        prefix = torch.cat([cache.prefix, tokens[:, None]], 1) if started else cache.prefix
         logits = torch.full((tokens.size(0), self.vocab), -1e9)
         for row, p in enumerate(prefix.tolist()):
             for tok, prob in self.table.get(tuple(p), {EOS: 1.0}).items():
                 logits[row, tok] = math.log(prob)
-        return logits, DecoderCache([prefix], [prefix], [None], [None], cache.src_mask, cache.length + 1)
+        return logits, PrefixCache(prefix)
 
 
 def test_hand_made_distribution_gives_the_expected_beams_and_scores():

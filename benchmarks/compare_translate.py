@@ -1,0 +1,153 @@
+"""Side by side: `mt` against Hugging Face `generate` and CTranslate2 on the same architecture and workload.
+
+Each system gets the preset architecture (random weights, vocabulary 8000, tied embeddings), the same random
+source sentences and a fixed output length, then translates them in batches; throughput counts the output
+tokens each system really produced. Needs the optional extra: `pip install -e '.[bench]'`.
+
+    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8]
+
+Prints one JSON object per system and a ratio line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mt.bench import PRESETS, VOCAB, preset_model
+from mt.data import pad
+from mt.search import beam_search, greedy
+from mt.tokenizer import EOS
+from mt.translate import for_inference
+
+
+def timed(run, runs: int) -> float:
+    run()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def marian_model(preset: str, model_dir: Path):
+    """A random-weight MarianMTModel of the preset's architecture, saved with a tokenizer CTranslate2 can read."""
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel
+
+    p = PRESETS[preset]
+    config = MarianConfig(
+        vocab_size=VOCAB, d_model=p["d_model"], encoder_layers=p["n_enc_layers"], decoder_layers=p["n_dec_layers"],
+        encoder_attention_heads=p["n_heads"], decoder_attention_heads=p["n_heads"], encoder_ffn_dim=p["d_ff"],
+        decoder_ffn_dim=p["d_ff"], activation_function="relu", max_position_embeddings=256, scale_embedding=True,
+        pad_token_id=0, eos_token_id=3, decoder_start_token_id=0, forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    model.save_pretrained(model_dir)
+    # A SentencePiece model of exactly VOCAB pieces with mt's special ids gives Marian its vocabulary files.
+    words = [f"w{i}" for i in range(4 * VOCAB)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(" ".join(words[i:i + 50]) for i in range(0, len(words), 7)),
+                                   model_prefix=str(model_dir / "spm"), vocab_size=VOCAB, model_type="word",
+                                   pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    (model_dir / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    for name in ("source.spm", "target.spm"):
+        (model_dir / name).write_bytes((model_dir / "spm.model").read_bytes())
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer",
+                                                                  "model_max_length": 256}), encoding="utf-8")
+    return model, [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small", choices=list(PRESETS))
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--sentences", type=int, default=0, help="per timed run [default: the batch]")
+    ap.add_argument("--src-len", type=int, default=24)
+    ap.add_argument("--tgt-len", type=int, default=24)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--int8", action="store_true", help="also time int8: mt dynamic quantization vs CT2 int8")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    n = args.sentences or args.batch
+    g = torch.Generator().manual_seed(0)
+    srcs = [torch.randint(4, VOCAB, (args.src_len,), generator=g).tolist() for _ in range(n)]
+    batches = [pad(srcs[i:i + args.batch], [], [EOS]) for i in range(0, n, args.batch)]
+    results = {}
+
+    def report(name: str, seconds: float, tokens: int) -> None:
+        results[name] = {"system": name, "preset": args.preset, "beam": args.beam, "batch": args.batch,
+                         "median_s": seconds, "tgt_tokens": tokens, "tgt_tok_per_s": tokens / seconds}
+        print(json.dumps(results[name]), flush=True)
+
+    for precision in ("fp32", "int8") if args.int8 else ("fp32",):
+        model = for_inference(preset_model(args.preset), precision)
+        produced = []
+
+        def run_mt(model=model, produced=produced) -> None:
+            produced.clear()
+            for src in batches:
+                if args.beam == 1:
+                    hyps = [h.tokens for h in greedy(model, src, 0.0, args.tgt_len + 1, min_len=args.tgt_len)]
+                else:
+                    hyps = [h[0].tokens for h in beam_search(model, src, args.beam, 0.6, 0.0, args.tgt_len + 1,
+                                                             min_len=args.tgt_len)]
+                produced.append(sum(len(h) for h in hyps))
+
+        seconds = timed(run_mt, args.runs)
+        report(f"mt-{precision}", seconds, sum(produced))
+
+    import ctranslate2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, pieces = marian_model(args.preset, Path(tmp) / "hf")
+        produced = []
+
+        @torch.inference_mode()
+        def run_hf() -> None:
+            produced.clear()
+            for src in batches:
+                out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=args.beam,
+                                  do_sample=False, min_new_tokens=args.tgt_len, max_new_tokens=args.tgt_len)
+                produced.append(int((out[:, 1:] > EOS).sum()))
+
+        report("hf-generate-fp32", timed(run_hf, args.runs), sum(produced))
+
+        ct2_dir = Path(tmp) / "ct2"
+        for compute_type in ("float32", "int8") if args.int8 else ("float32",):
+            out_dir = ct2_dir / compute_type
+            ctranslate2.converters.TransformersConverter(str(Path(tmp) / "hf")).convert(str(out_dir), quantization=compute_type)
+            translator = ctranslate2.Translator(str(out_dir), device="cpu", inter_threads=1, intra_threads=args.threads,
+                                                compute_type=compute_type)
+            tokens = [[pieces[i] for i in s] + ["</s>"] for s in srcs]
+
+            def run_ct2(translator=translator, tokens=tokens) -> None:
+                produced.clear()
+                for i in range(0, n, args.batch):
+                    res = translator.translate_batch(tokens[i:i + args.batch], beam_size=args.beam,
+                                                     max_batch_size=args.batch, min_decoding_length=args.tgt_len,
+                                                     max_decoding_length=args.tgt_len, length_penalty=0.6)
+                    produced.append(sum(len(r.hypotheses[0]) for r in res))
+
+            report(f"ct2-{compute_type}", timed(run_ct2, args.runs), sum(produced))
+
+    base = results["mt-fp32"]["tgt_tok_per_s"]
+    ratios = {name: round(base / r["tgt_tok_per_s"], 2) for name, r in results.items() if name != "mt-fp32"}
+    if "mt-int8" in results and "ct2-int8" in results:
+        ratios["mt-int8 / ct2-int8"] = round(results["mt-int8"]["tgt_tok_per_s"] / results["ct2-int8"]["tgt_tok_per_s"], 2)
+    print(json.dumps({"ratios_mt_fp32_over": ratios}))
+
+
+if __name__ == "__main__":
+    main()

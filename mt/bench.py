@@ -1,0 +1,229 @@
+"""Translation throughput, measured the same way on any machine: `mt bench translate`.
+
+Random-weight presets do the same work as trained models because the output length is fixed (EOS is barred
+until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real test set
+at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from mt.config import ModelConfig
+from mt.data import pad
+from mt.model import Transformer, count_parameters
+from mt.search import beam_search, greedy
+from mt.tokenizer import EOS
+from mt.translate import Options, autocast, for_inference, translate_lines
+
+PRESETS = {
+    "small": dict(d_model=256, n_heads=4, n_enc_layers=3, n_dec_layers=3, d_ff=1024),
+    "base": dict(d_model=512, n_heads=8, n_enc_layers=6, n_dec_layers=6, d_ff=2048),
+}
+VOCAB = 8000
+
+
+@dataclass
+class TranslateBench:
+    preset: str = "small"
+    checkpoint: str | None = None
+    input: str | None = None  # with checkpoint: a real source file; its first `sentences` lines are used
+    beam: int = 4
+    batch: int = 64  # sentences per batch
+    sentences: int = 0  # per timed run; 0: max(batch, 16)
+    src_len: int = 24
+    tgt_len: int = 24
+    precision: str = "fp32"
+    threads: int = 0
+    runs: int = 5
+    seed: int = 0
+
+
+def preset_model(name: str, seed: int = 0) -> Transformer:
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, not {name!r}")
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**PRESETS[name], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0)
+    return Transformer(cfg).eval()
+
+
+def bench_translate(b: TranslateBench) -> dict:
+    if b.threads:
+        torch.set_num_threads(b.threads)
+    n = b.sentences or max(b.batch, 16)
+    if b.checkpoint:
+        from mt.checkpoint import load_model
+        from mt.evaluate import read_text
+
+        if not b.input:
+            raise ValueError("--checkpoint needs --input FILE: the real sentences to translate")
+        loaded = load_model(b.checkpoint)
+        loaded.model = for_inference(loaded.model, b.precision)
+        model = loaded.model
+        lines = read_text(b.input)[:n]
+        opts = Options.from_config(loaded.config.decode, beam=b.beam, precision=b.precision)
+        opts.batch_tokens = b.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
+        counted: list[int] = []
+
+        def run() -> None:
+            results = translate_lines(loaded, lines, opts, torch.device("cpu"))
+            counted[:] = [sum(len(h[0].tokens) + 1 for h in results if h)]
+    else:
+        model = for_inference(preset_model(b.preset, b.seed), b.precision)
+        g = torch.Generator().manual_seed(b.seed)
+        srcs = [torch.randint(4, VOCAB, (b.src_len,), generator=g).tolist() for _ in range(n)]
+        batches = [pad(srcs[i:i + b.batch], [], [EOS]) for i in range(0, n, b.batch)]
+        counted = [n * b.tgt_len]
+
+        def run() -> None:
+            with autocast(b.precision, torch.device("cpu")):
+                for src in batches:  # exactly tgt_len tokens each: EOS barred before, forced at tgt_len + 1
+                    if b.beam == 1:
+                        greedy(model, src, 0.0, b.tgt_len + 1, min_len=b.tgt_len)
+                    else:
+                        beam_search(model, src, b.beam, 0.6, 0.0, b.tgt_len + 1, min_len=b.tgt_len)
+
+    run()  # warm-up: allocator, kernels, caches
+    times = []
+    for _ in range(b.runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    return {
+        "bench": "translate", **asdict(b), "sentences": n, "threads": torch.get_num_threads(),
+        "parameters": count_parameters(model) if b.precision != "int8" else None,
+        "tgt_tokens": counted[0], "median_s": median, "min_s": min(times),
+        "tgt_tok_per_s": counted[0] / median, "sent_per_s": n / median,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "torch": torch.__version__,
+    }
+
+
+def grid() -> list[TranslateBench]:
+    """The standard grid of `make bench`: small/base × greedy/beam 4 × batch 1/64 × fp32/bf16/int8."""
+    return [TranslateBench(preset=p, beam=beam, batch=batch, precision=prec, runs=3 if p == "base" else 5)
+            for p in ("small", "base") for beam in (1, 4) for batch in (1, 64) for prec in ("fp32", "bf16", "int8")]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = "| preset | beam | batch | precision | tgt tok/s | sent/s | median s | peak RSS MB |\n|---|---|---|---|---|---|---|---|"
+    lines = [f"| {r['preset']} | {r['beam']} | {r['batch']} | {r['precision']} | {r['tgt_tok_per_s']:,.0f} | "
+             f"{r['sent_per_s']:,.1f} | {r['median_s']:.3f} | {r['peak_rss_mb']:,.0f} |" for r in rows]
+    return "\n".join([head, *lines])
+
+
+def write_readme_table(readme: Path, name: str, table: str, command: str) -> None:
+    """Replace the block between `<!-- bench:NAME -->` markers in the README (added at the end if absent)."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{start}\n`{command}`\n\n{table}\n{end}"
+    text = readme.read_text(encoding="utf-8")
+    if start in text and end in text:
+        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    readme.write_text(text, encoding="utf-8")
+
+
+@dataclass
+class TrainBench:
+    preset: str = "small"
+    data: str | None = None  # a prepared data dir: real length-grouped batches of `max_tokens` instead
+    batch: int = 64  # fixed-shape batches: sentences per batch ...
+    src_len: int = 24  # ... of exactly this many source tokens (EOS included)
+    tgt_len: int = 24  # ... and target tokens
+    max_tokens: int = 4096
+    precision: str = "fp32"
+    threads: int = 0
+    steps: int = 10  # timed steps, after `warmup` untimed ones
+    warmup: int = 3
+    dropout: float = 0.1
+
+
+def train_flops(cfg: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: float, tgt_len: float) -> float:
+    """Matmul FLOPs of one training step (forward + backward = 3 × forward), the convention of MFU reports.
+
+    src_len/tgt_len are the padded lengths attention runs over. Embedding lookups, norms and softmax are not
+    counted: they are not matmuls, so they do not count toward the matmul peak either.
+    """
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
+    enc = cfg.n_enc_layers * (4 * d * d + 2 * d * f + 2 * src_len * d) * src_tokens
+    dec = cfg.n_dec_layers * ((6 * d * d + 2 * d * f + 2 * tgt_len * d + 2 * src_len * d) * tgt_tokens
+                              + 2 * d * d * src_tokens)  # cross-attention keys/values over the source
+    out = d * v * tgt_tokens
+    return 3 * 2 * (enc + dec + out)
+
+
+def matmul_peak(precision: str, size: int = 2048, runs: int = 3) -> float:
+    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size ** 3 / min(times)
+
+
+def bench_train(b: TrainBench) -> dict:
+    from mt.config import Config
+    from mt.data import Batch, Split, collate, epoch_batches
+    from mt.train import train_step
+
+    if b.threads:
+        torch.set_num_threads(b.threads)
+    torch.manual_seed(0)
+    cfg = Config(model=ModelConfig(**PRESETS[b.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                                   dropout=b.dropout))
+    amp_dtype = torch.bfloat16 if b.precision == "bf16" else None
+    total = b.warmup + b.steps
+    if b.data:
+        split = Split(b.data, "train")
+        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
+                                                                  int(split.tgt_ids.max()) + 1)
+        order = epoch_batches(split, b.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
+        load_start = time.perf_counter()
+        batches = [collate(split, idx, cfg.model.max_len) for idx in order]
+        load_seconds = (time.perf_counter() - load_start) / len(batches)
+    else:
+        g = torch.Generator().manual_seed(0)
+        src = torch.randint(4, VOCAB, (b.batch, b.src_len), generator=g)
+        tgt = torch.randint(4, VOCAB, (b.batch, b.tgt_len + 1), generator=g)
+        src[:, -1] = EOS
+        fixed = Batch(src, tgt[:, :-1], tgt[:, 1:], b.batch * b.tgt_len)
+        batches, load_seconds = [fixed] * total, 0.0
+    model = Transformer(cfg.model).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    device = torch.device("cpu")
+    times = []
+    for i, batch in enumerate(batches):
+        start = time.perf_counter()
+        train_step(model, optimizer, scaler, [batch], cfg, device, amp_dtype, 1e-4)
+        if i >= b.warmup:
+            times.append(time.perf_counter() - start)
+    timed = batches[b.warmup:]
+    tgt_tokens = sum(x.n_tgt_tokens for x in timed)
+    src_tokens = sum(int((x.src != 0).sum()) for x in timed)
+    padded = sum(x.src.numel() + x.tgt_out.numel() for x in timed)
+    flops = sum(train_flops(cfg.model, int((x.src != 0).sum()), x.n_tgt_tokens, x.src.size(1), x.tgt_out.size(1))
+                for x in timed)
+    seconds = sum(times)
+    peak = matmul_peak(b.precision)
+    return {
+        "bench": "train", **asdict(b), "threads": torch.get_num_threads(), "parameters": count_parameters(model),
+        "median_step_s": statistics.median(times), "tgt_tok_per_s": tgt_tokens / seconds,
+        "src_tok_per_s": src_tokens / seconds, "flops_per_tgt_token": flops / tgt_tokens,
+        "achieved_tflops": flops / seconds / 1e12, "peak_tflops": peak / 1e12, "mfu": flops / seconds / peak,
+        "padding_fraction": 1 - (src_tokens + tgt_tokens) / padded,
+        "data_loading_fraction": load_seconds / (seconds / len(times) + load_seconds),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "torch": torch.__version__,
+    }

@@ -1,0 +1,83 @@
+"""What a checkpoint holds: architecture, size, vocabulary, languages, training progress, metrics, config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mt.checkpoint import load_model
+from mt.model import count_parameters
+
+ARCHITECTURE = ("d_model", "n_heads", "n_enc_layers", "n_dec_layers", "d_ff", "activation", "norm", "max_len",
+                "share_embeddings", "tie_output")
+
+
+def describe(checkpoint_path: str | Path) -> dict[str, Any]:
+    """A JSON-ready summary of the checkpoint. The model is rebuilt and its weights loaded, so the parameter
+    count is that of the real model (shared tables counted once), and a checkpoint that cannot be used fails
+    here rather than at translation time."""
+    loaded = load_model(checkpoint_path)
+    state = loaded.state
+    model_cfg = state["config"]["model"]
+    langs = state.get("langs") or {}
+    return {
+        "checkpoint": str(checkpoint_path),
+        "languages": {"src": langs.get("src"), "tgt": langs.get("tgt")},
+        "step": state.get("step"),
+        "parameters": count_parameters(loaded.model),
+        "architecture": {key: model_cfg[key] for key in ARCHITECTURE if key in model_cfg},
+        "vocabulary": {"src": loaded.src_tok.vocab_size, "tgt": loaded.tgt_tok.vocab_size,
+                       "joint": state["spm"]["src"] == state["spm"]["tgt"]},
+        "metrics": dict(state.get("metrics") or {}),
+        "resumable": "train" in state,  # last.pt carries the optimizer state; best.pt does not
+        "config": state["config"],
+    }
+
+
+def render(d: dict[str, Any]) -> str:
+    """`describe`'s summary as an aligned two-column table: the headline rows, then the config key by key."""
+    arch = d["architecture"]
+    vocab = d["vocabulary"]
+    src, tgt = d["languages"]["src"], d["languages"]["tgt"]
+    rows: list[tuple[str, str]] = [
+        ("checkpoint", d["checkpoint"]),
+        ("languages", f"{src or '?'} → {tgt or '?'}"),
+        ("step", "?" if d["step"] is None else f"{d['step']:,}"),
+        ("parameters", f"{d['parameters']:,}"),
+        ("vocabulary", f"{vocab['src']:,} source, {vocab['tgt']:,} target"
+                       + (" (one joint SentencePiece model)" if vocab["joint"] else "")),
+        ("architecture", describe_architecture(arch)),
+        ("resumable", "yes (last.pt: training state included)" if d["resumable"] else "no (weights only)"),
+    ]
+    metrics = d["metrics"]
+    if metrics:  # the validation this checkpoint was saved at, which may precede `step` in a last.pt
+        rows += [("", ""), ("validation", f"at step {metrics['step']:,}" if "step" in metrics else "")]
+        rows += [(f"  {key}", format_value(value)) for key, value in metrics.items() if key != "step"]
+    rows += [("", ""), ("config", "")]
+    rows += [(f"  {key}", format_value(value)) for key, value in flatten(d["config"]).items()]
+    width = max(len(key) for key, _ in rows)
+    return "\n".join(f"{key:<{width}}  {value}".rstrip() for key, value in rows)
+
+
+def describe_architecture(arch: dict[str, Any]) -> str:
+    parts = [f"{arch.get('n_enc_layers', '?')}+{arch.get('n_dec_layers', '?')} layers",
+             f"d_model {arch.get('d_model', '?')}", f"{arch.get('n_heads', '?')} heads", f"d_ff {arch.get('d_ff', '?')}",
+             str(arch.get("activation", "?")), f"{arch.get('norm', '?')}-norm", f"max_len {arch.get('max_len', '?')}"]
+    return ", ".join(parts)
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"d_model": 512}} → {"model.d_model": 512}: the keys `--set` takes."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

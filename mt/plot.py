@@ -1,0 +1,103 @@
+"""Training curves: read the `log.jsonl` of one or more runs and draw loss, BLEU, learning rate and speed.
+
+`mt train` appends two kinds of records to a run's `log.jsonl`: one per log interval
+({"step", "epoch", "loss", "lr", "tgt_tok_per_s"}) and one per validation ({"step", "valid_loss",
+"valid_bleu", ...}). Each panel plots one field against the step, one line per run, so runs can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+FIGSIZE = (12, 8)  # inches; at DPI this is a 1200×800 PNG
+DPI = 100
+# (title, [(field, line style, legend suffix)]): train loss is label-smoothed, valid loss is not, so they
+# share a panel but not a line style.
+PANELS = [
+    ("loss (per target token)", [("loss", "-", "train"), ("valid_loss", "--", "valid")]),
+    ("validation BLEU", [("valid_bleu", "-o", "")]),
+    ("learning rate", [("lr", "-", "")]),
+    ("target tokens / s", [("tgt_tok_per_s", "-", "")]),
+]
+
+
+class PlotError(Exception):
+    """A run that cannot be plotted; the message names the file."""
+
+
+def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
+    """The records of a `log.jsonl`, sorted by step. Malformed lines (a run killed mid-write) are skipped.
+
+    A resumed run logs again the steps between its last checkpoint and the interruption; for each step and
+    kind of record the later one wins, since it belongs to the run that went on.
+    """
+    if not path.is_file():
+        raise PlotError(f"{path}: not found; is {path.parent} a run directory written by `mt train`?")
+    latest: dict[tuple[int, bool], dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                key = (int(record["step"]), "valid_loss" in record)
+            except (ValueError, KeyError, TypeError) as e:
+                print(f"warning: {path}:{number}: skipped a malformed line ({type(e).__name__})", file=warn)
+                continue
+            latest[key] = record
+    return [latest[key] for key in sorted(latest)]
+
+
+def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr) -> Path:
+    """Draw the 2×2 panel of training curves for `run_dirs` into the PNG `out`; returns `out`."""
+    if not run_dirs:
+        raise PlotError("no run directories to plot")
+    logs = [read_log(Path(d) / "log.jsonl", warn) for d in run_dirs]
+    labels = run_labels([Path(d) for d in run_dirs])
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # render with Agg whatever backend the user's matplotlib defaults to
+    axes = fig.subplots(2, 2).ravel()
+    colors = [f"C{i % 10}" for i in range(len(logs))]
+    for ax, (title, fields) in zip(axes, PANELS, strict=True):
+        drawn = False
+        for records, label, color in zip(logs, labels, colors, strict=True):
+            for field, style, suffix in fields:
+                points = [(r["step"], r[field]) for r in records if isinstance(r.get(field), (int, float))]
+                if points:
+                    steps, values = zip(*points, strict=True)
+                    ax.plot(steps, values, style, color=color, markersize=3,
+                            label=f"{label} {suffix}".strip())
+                    drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    return save_figure(fig, Path(out))
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Each run's directory name; the whole path where two runs share a name (runs/a/x vs runs/b/x)."""
+    names = [d.resolve().name for d in run_dirs]
+    return [name if names.count(name) == 1 else str(d) for name, d in zip(names, run_dirs, strict=True)]
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write `fig` as a PNG under a temporary name, then rename: a reader never sees half an image."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,51 @@
+"""Forced decoding: the log-probability a model gives to a known translation of each source.
+
+Useful to rank candidate translations, filter noisy corpora, or check that a model prefers the reference.
+The score of a pair is log P(target pieces, EOS | source), natural log, summed over the target's tokens:
+more negative means less likely, and longer targets score lower.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from tqdm import tqdm
+
+from mt.checkpoint import Loaded
+from mt.data import batch_by_tokens, pad
+from mt.tokenizer import BOS, EOS, PAD
+
+
+class ScoreError(Exception):
+    """Pairs that cannot be scored; the message says which line and why."""
+
+
+@torch.inference_mode()
+def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: torch.device | str = "cpu",
+                batch_tokens: int | None = None, progress: bool = False) -> list[float]:
+    """Total log-probability of each target given its source (EOS included), in input order."""
+    if len(sources) != len(targets):
+        raise ScoreError(f"{len(sources)} sources but {len(targets)} targets; they must be line-aligned")
+    model = loaded.model
+    srcs = loaded.src_tok.encode([s.strip() for s in sources])
+    tgts = loaded.tgt_tok.encode([t.strip() for t in targets])
+    limit = model.cfg.max_len - 1  # room for EOS (source) or BOS (target)
+    for side, seqs in (("source", srcs), ("target", tgts)):
+        for i, seq in enumerate(seqs):
+            if len(seq) > limit:  # cutting would score a different sentence: refuse instead
+                raise ScoreError(f"line {i + 1}: the {side} has {len(seq)} pieces; the model allows {limit}")
+    scores = [0.0] * len(srcs)
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(srcs, tgts, strict=True)]
+    batches = batch_by_tokens(lengths, batch_tokens or loaded.config.decode.batch_tokens)
+    for idx in tqdm(batches, unit="batch", disable=not progress or not sys.stderr.isatty()):
+        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
+        tgt = pad([tgts[i] for i in idx], [BOS], [EOS]).to(device)
+        tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:]
+        tgt_in[tgt_in == EOS] = PAD  # a shorter row's EOS is an output, not an input
+        logp = torch.log_softmax(model(src, tgt_in).float(), dim=-1)  # (B, T, V)
+        token_logp = logp.gather(-1, tgt_out[:, :, None]).squeeze(-1)  # (B, T)
+        totals = token_logp.masked_fill(tgt_out == PAD, 0.0).sum(dim=1)
+        for i, total in zip(idx, totals.tolist(), strict=True):
+            scores[i] = total
+    return scores

@@ -1,0 +1,85 @@
+import json
+import subprocess
+import sys
+
+import torch
+
+from mt.bench import TranslateBench, bench_translate, markdown_table, preset_model, write_readme_table
+from mt.data import pad
+from mt.search import beam_search, greedy
+from mt.tokenizer import EOS
+from mt.translate import for_inference
+
+
+def test_fixed_output_length_makes_random_weights_do_full_work():
+    model = preset_model("small")
+    src = pad([[5, 6, 7, 8], [9, 10]], [], [EOS])
+    for h in greedy(model, src, 0.0, 7, min_len=6):
+        assert len(h.tokens) == 6
+    for hs in beam_search(model, src, 3, 0.6, 0.0, 7, min_len=6):
+        assert len(hs[0].tokens) == 6
+
+
+def test_int8_model_stays_close_to_fp32():
+    model = preset_model("small")
+    quantized = for_inference(model, "int8")
+    src = pad([[5, 6, 7, 8, 9, 10]], [], [EOS])
+    tgt = torch.tensor([[2, 11, 12, 13]])
+    with torch.no_grad():
+        full, q = model(src, tgt), quantized(src, tgt)
+    assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
+
+
+def test_bench_reports_throughput_and_settings():
+    result = bench_translate(TranslateBench(preset="small", beam=2, batch=4, sentences=4, src_len=6, tgt_len=5, runs=1))
+    assert result["tgt_tokens"] == 4 * 5
+    assert result["tgt_tok_per_s"] == result["tgt_tokens"] / result["median_s"]
+    assert result["peak_rss_mb"] > 0 and result["beam"] == 2
+    assert "| small | 2 | 4 | fp32 |" in markdown_table([result])
+
+
+def test_readme_table_is_replaced_in_place(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\nintro\n")
+    write_readme_table(readme, "translate", "| a |", "cmd one")
+    write_readme_table(readme, "translate", "| b |", "cmd two")
+    text = readme.read_text()
+    assert text.count("<!-- bench:translate -->") == 1 and "| b |" in text and "| a |" not in text
+    assert text.startswith("# x\n\nintro\n")
+
+
+def test_cli_json_output():
+    out = subprocess.run([sys.executable, "-m", "mt", "bench", "translate", "--preset", "small", "--beam", "1",
+                          "--batch", "2", "--src-len", "5", "--tgt-len", "4", "--runs", "1", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert {"tgt_tok_per_s", "sent_per_s", "median_s", "peak_rss_mb", "preset", "beam", "batch"} <= result.keys()
+
+
+def test_train_bench_counts_flops_and_padding():
+    from mt.bench import TrainBench, bench_train, train_flops
+    from mt.config import ModelConfig
+
+    result = bench_train(TrainBench(preset="small", batch=4, src_len=6, tgt_len=5, steps=2, warmup=1))
+    assert result["tgt_tok_per_s"] > 0 and 0 < result["mfu"] < 1.5
+    assert result["padding_fraction"] == 0.0  # fixed-shape batches have no padding
+    cfg = ModelConfig(d_model=8, d_ff=16, n_enc_layers=1, n_dec_layers=1, n_heads=2, src_vocab_size=10,
+                      tgt_vocab_size=10)
+    # One source and one target token, length 1: encoder 4·64+2·128+2·8, decoder 6·64+2·128+2·8+2·8 + 2·64,
+    # output 8·10 multiply-adds; × 2 FLOPs each × 3 for forward + backward.
+    assert train_flops(cfg, 1, 1, 1, 1) == 6 * ((256 + 256 + 16) + (384 + 256 + 16 + 16 + 128) + 80)
+
+
+def test_train_bench_on_real_batches_reports_padding(tmp_path):
+    import numpy as np
+
+    from mt.bench import TrainBench, bench_train
+
+    rng = np.random.default_rng(0)
+    for side in ("src", "tgt"):
+        lengths = rng.integers(3, 20, size=200)
+        np.save(tmp_path / f"train.{side}.ids.npy", rng.integers(4, 100, size=lengths.sum()).astype(np.uint16))
+        np.save(tmp_path / f"train.{side}.offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    result = bench_train(TrainBench(preset="small", data=str(tmp_path), max_tokens=256, steps=2, warmup=1))
+    assert 0 < result["padding_fraction"] < 0.5
+    assert 0 <= result["data_loading_fraction"] < 1

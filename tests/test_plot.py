@@ -1,0 +1,69 @@
+import io
+import json
+
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from mt.cli import app
+from mt.plot import DPI, FIGSIZE, PlotError, plot_runs, read_log
+
+from .test_train import prepared, small_config  # noqa: F401  (prepared is a fixture)
+
+
+@pytest.fixture(scope="module")
+def run(prepared, tmp_path_factory):  # noqa: F811
+    """A real (tiny) training run: its log.jsonl is what `mt plot` must read."""
+    from mt.train import train
+
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    train(small_config(prepared, max_steps=4, valid_every=2, log_every=1), out, progress=False)
+    return out
+
+
+def write_log(run_dir, lines):
+    run_dir.mkdir(parents=True)
+    (run_dir / "log.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return run_dir
+
+
+def test_two_runs_make_one_png_of_the_expected_size(run, tmp_path):
+    other = write_log(tmp_path / "other", [
+        json.dumps({"step": 5, "epoch": 0, "loss": 4.0, "lr": 1e-4, "tgt_tok_per_s": 900.0}),
+        json.dumps({"step": 5, "epoch": 0, "valid_loss": 3.9, "valid_ppl": 49.4, "valid_bleu": 1.5})])
+    out = plot_runs([run, other], tmp_path / "plots" / "curves.png")
+    image = imread(out)
+    assert image.shape[:2] == (FIGSIZE[1] * DPI, FIGSIZE[0] * DPI)
+    assert image.std() > 0  # something was drawn
+    assert [p.name for p in out.parent.iterdir()] == ["curves.png"]  # no temporary file left behind
+
+
+def test_malformed_lines_are_skipped_with_a_warning_naming_the_line(tmp_path):
+    run_dir = write_log(tmp_path / "r", [json.dumps({"step": 2, "loss": 3.0}), '{"step": 4, "lo',
+                                         "[1, 2]", json.dumps({"step": 4, "loss": 2.5})])
+    warn = io.StringIO()
+    records = read_log(run_dir / "log.jsonl", warn)
+    assert [r["step"] for r in records] == [2, 4]
+    assert f"{run_dir / 'log.jsonl'}:2" in warn.getvalue() and f"{run_dir / 'log.jsonl'}:3" in warn.getvalue()
+
+
+def test_a_resumed_runs_repeated_steps_keep_the_later_record(tmp_path):
+    run_dir = write_log(tmp_path / "r", [json.dumps({"step": 2, "loss": 3.0}), json.dumps({"step": 2, "loss": 2.0}),
+                                         json.dumps({"step": 2, "valid_loss": 2.9})])
+    records = read_log(run_dir / "log.jsonl")
+    assert [r.get("loss") for r in records] == [2.0, None]
+
+
+def test_a_directory_without_a_log_is_an_error_naming_the_file(tmp_path):
+    with pytest.raises(PlotError, match="log.jsonl: not found"):
+        plot_runs([tmp_path], tmp_path / "c.png")
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_mt_plot_command(run, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["plot", str(run), "--out", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert imread(tmp_path / "c.png").shape[:2] == (FIGSIZE[1] * DPI, FIGSIZE[0] * DPI)
+    result = runner.invoke(app, ["plot", str(tmp_path / "nope"), "--out", str(tmp_path / "d.png")])
+    assert result.exit_code == 2 and "nope/log.jsonl" in result.output
