@@ -2,14 +2,20 @@
 
 A checkpoint is a plain dict saved with `torch.save`:
   model: state_dict · config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} ·
-  langs: {"src": "de", "tgt": "en"} · step, epoch, batch (position within the epoch) · metrics ·
-  and, in `last.pt` only, the training state: optimizer, scheduler, scaler, rng.
+  langs: {"src": "de", "tgt": "en"} · step · metrics ·
+  and, in the resumable checkpoints only, `train`: optimizer, scaler, position (step, epoch, batch), rng.
 Loading uses `weights_only=True`: a checkpoint file can never run code.
+
+A run directory keeps its resumable checkpoints as `last.pt` plus the newest K `checkpoint-{step}.pt` (hard links
+to what `last.pt` was at that step, so they cost no extra writing). `latest_readable` finds the newest one that
+loads, so a damaged `last.pt` costs one checkpoint interval, not the run.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +42,88 @@ def save(state: dict[str, Any], path: str | Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:  # a full disk, a quota, a vanished mount: say so in one line, not a traceback
+        message = f"{path}: cannot write ({e.strerror or e}); the previous file there is unchanged"
+        raise CheckpointError(message) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+LAST = "last.pt"
+_NUMBERED = re.compile(r"checkpoint-(\d+)\.pt")
+
+
+def save_last(state: dict[str, Any], run_dir: str | Path, keep: int) -> Path:
+    """Save a resumable `state` as `run_dir/last.pt`, keep it as `checkpoint-{step}.pt` too, and delete all but the
+    newest `keep` numbered checkpoints (0: keep `last.pt` alone). Returns the path of `last.pt`.
+
+    Numbered checkpoints with a later step than `state` are deleted as well: they belong to a continuation this run
+    abandoned (it was resumed from an earlier checkpoint), and a later fallback must never pick them.
+    """
+    run_dir = Path(run_dir)
+    last = run_dir / LAST
+    save(state, last)
+    if keep > 0:
+        _link_or_copy(last, run_dir / f"checkpoint-{state['step']}.pt")
+    newer = [p for step, p in numbered(run_dir) if step > state["step"]]
+    older = [p for step, p in numbered(run_dir) if step <= state["step"]][keep:]
+    for p in newer + older:
+        p.unlink(missing_ok=True)
+    return last
+
+
+def numbered(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """The `checkpoint-{step}.pt` files of a run as (step, path), newest first."""
+    found = [(int(m[1]), p) for p in Path(run_dir).glob("checkpoint-*.pt") if (m := _NUMBERED.fullmatch(p.name))]
+    return sorted(found, reverse=True)
+
+
+def latest_readable(run_dir: str | Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """The newest checkpoint of a run that loads: `last.pt`, else the numbered ones, newest first.
+
+    Returns (path, state, problems): `problems` holds one message per newer file that could not be used, for the
+    caller to report. Raises `CheckpointError` when no file loads (or there is none).
+    """
+    run_dir = Path(run_dir)
+    problems = []
+    for path in [run_dir / LAST] + [p for _, p in numbered(run_dir)]:
+        try:
+            return path, load(path), problems
+        except CheckpointError as e:
+            problems.append(str(e))
+    raise CheckpointError(f"{run_dir}: no readable checkpoint; {'; '.join(problems)}")
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Make `dst` a hard link to `src` (a copy where links are not supported), atomically replacing any `dst`."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:  # a filesystem without hard links (some network or FUSE mounts)
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except OSError as e:
+        raise CheckpointError(f"{dst}: cannot write ({e.strerror or e}); {src} is saved") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable: without this a power cut can undo it even though the file's data is on disk."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # Windows cannot open a directory; its renames are durable without this
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -47,10 +133,19 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or not a checkpoint at all
-        raise CheckpointError(f"{path}: not a readable mt checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: not a readable mt checkpoint ({_why(e)})") from None
     if not isinstance(state, dict) or not {"model", "config", "spm"} <= state.keys():
         raise CheckpointError(f"{path}: not an mt checkpoint (no model/config/spm entries)")
     return state
+
+
+def _why(error: Exception) -> str:
+    """One short line for why torch.load failed; its own messages run to paragraphs and suggest weights_only=False."""
+    text = str(error)
+    if "Unsupported global" in text:
+        return "it holds Python objects, not only tensors and plain data, and loading those could run code"
+    first = text.splitlines()[0].split(". ")[0].strip() if text.strip() else ""
+    return f"truncated or corrupt: {type(error).__name__}{': ' + first if first else ''}"
 
 
 @dataclass

@@ -55,6 +55,8 @@ class TrainConfig:
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
     valid_every: int = 1000  # steps between validations (and checkpoints)
+    keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
+    max_bad_steps: int = 10  # non-finite steps in a row (each skipped) before training stops as diverged
     valid_bleu: bool = True  # decode the validation set (greedy) and compute BLEU at each validation
     log_every: int = 100
     seed: int = 1

@@ -1,8 +1,14 @@
 """The training loop: token-budget batches, Adam with warmup + inverse-sqrt decay, label-smoothed loss,
 mixed precision on GPU, validation (loss and BLEU), `last.pt` / `best.pt` checkpoints, and resume.
 
-A run directory holds `last.pt` (everything needed to resume), `best.pt` (best validation BLEU, weights and
-config only), `config.yaml` (the resolved config) and `log.jsonl` (one JSON object per log or validation).
+A run directory holds `last.pt` (everything needed to resume) and the newest `train.keep_checkpoints`
+`checkpoint-{step}.pt` (the same, for falling back when `last.pt` is damaged), `best.pt` (best validation BLEU,
+weights and config only), `config.yaml` (the resolved config) and `log.jsonl` (one JSON object per log or
+validation).
+
+A step whose loss or gradients are not finite is skipped (see `train_step`): its batches are consumed, but the
+weights, the optimizer and `Position.step` stay as they were, so `max_steps` and the schedule count real updates.
+`train.max_bad_steps` skipped steps in a row stop the run; a checkpoint with non-finite weights is never written.
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ from pathlib import Path
 
 import sacrebleu
 import torch
-import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
 from mt import checkpoint
 from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
 from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches
+from mt.loss import label_smoothed_nll
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import PAD, Tokenizer
 from mt.translate import Options, translate_ids
@@ -39,7 +45,7 @@ class TrainError(Exception):
 class Position:
     """Where training is: optimizer steps taken, and the next batch of which epoch."""
 
-    step: int = 0
+    step: int = 0  # updates applied; a skipped (non-finite) step does not count, though its batches are consumed
     epoch: int = 0
     batch: int = 0
     elapsed: float = 0.0  # seconds of training before this process started
@@ -98,27 +104,33 @@ def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) 
 
 
 def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """Summed label-smoothed cross-entropy over non-padding target tokens (normalised by the caller)."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1), ignore_index=PAD,
-                           label_smoothing=smoothing, reduction="sum")
+    """Summed label-smoothed cross-entropy over non-padding target tokens (normalised by the caller).
+
+    Same value and gradient as F.cross_entropy(label_smoothing=...), at half its cost (see mt/loss.py)."""
+    return label_smoothed_nll(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1), smoothing, PAD)
 
 
 def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
     """Train per `cfg`, writing into `out_dir`; returns the last validation metrics."""
     out_dir = Path(out_dir)
     data_dir = Path(cfg.data)
-    last_path = out_dir / "last.pt"
+    last_path = out_dir / checkpoint.LAST
     state = None
     if resume:
-        state = checkpoint.load(last_path)
-    elif last_path.is_file():
+        resume_path, state = resume_state(out_dir)
+    elif last_path.is_file() or checkpoint.numbered(out_dir):
         raise TrainError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
+    t = cfg.train
+    for key, value, least in (("keep_checkpoints", t.keep_checkpoints, 0), ("max_bad_steps", t.max_bad_steps, 1)):
+        if value < least:
+            raise ConfigError(f"train.{key}={value}: must be at least {least}")
 
     src_tok, tgt_tok, meta = load_tokenizers(data_dir)
+    if state is not None:
+        check_same_vocabulary(state, resume_path, src_tok, tgt_tok, data_dir)
     fit_vocab(cfg, src_tok, tgt_tok, meta.get("joint", True))
     if state is not None and to_dict(cfg)["model"] != state["config"]["model"]:
-        raise TrainError(f"{last_path}: the model config differs from the run's; a resumed run keeps its model")
-    t = cfg.train
+        raise TrainError(f"{resume_path}: the model config differs from the run's; a resumed run keeps its model")
     random.seed(t.seed)
     torch.manual_seed(t.seed)
     if t.threads:
@@ -156,15 +168,23 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
                 "spm": {"src": src_tok.model_proto, "tgt": tgt_tok.model_proto},
                 "langs": {"src": meta.get("src"), "tgt": meta.get("tgt")}, "step": pos.step, "metrics": metrics}
 
+    def check_finite() -> None:
+        # Checked before every save: a checkpoint with NaN weights would poison every resume and translation.
+        if not all_finite(model):
+            raise TrainError(f"step {pos.step}: the model's weights are not finite; no checkpoint written. "
+                             + diverged_advice(out_dir))
+
     def save_last(metrics: dict) -> None:
+        check_finite()
         s = snapshot(metrics)
         s["train"] = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                       "position": vars(pos) | {"elapsed": pos.elapsed + time.time() - started},
                       "best_bleu": best_bleu, "rng": rng_state()}
-        checkpoint.save(s, last_path)
+        checkpoint.save_last(s, out_dir, t.keep_checkpoints)
 
     def validate_and_save() -> dict:
         nonlocal best_bleu
+        check_finite()
         metrics = {"step": pos.step, "epoch": pos.epoch}
         if valid_split is not None:
             valid_started = time.time()
@@ -187,7 +207,8 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
     bar = tqdm(total=t.max_steps, initial=pos.step, disable=not progress or not sys.stderr.isatty(),
                unit="step", dynamic_ncols=True)
     metrics: dict = {}
-    interval = {"loss": 0.0, "tokens": 0, "start": time.time()}
+    interval = {"loss": 0.0, "tokens": 0, "skipped": 0, "start": time.time()}
+    bad_steps = 0  # skipped steps in a row
     batches, batches_epoch = [], -1
     try:
         model.train()
@@ -203,22 +224,33 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
                 continue
             group = [collate(train_split, batches[pos.batch + i], cfg.model.max_len).to(device)
                      for i in range(t.accumulate)]
-            loss = train_step(model, optimizer, scaler, group, cfg, device, amp_dtype,
-                              learning_rate(pos.step + 1, t.lr, t.warmup))
-            pos.step += 1
-            pos.batch += t.accumulate
-            interval["loss"] += loss
-            interval["tokens"] += sum(b.n_tgt_tokens for b in group)
-            bar.update(1)
-            if pos.step % t.log_every == 0:
+            loss, applied = train_step(model, optimizer, scaler, group, cfg, device, amp_dtype,
+                                       learning_rate(pos.step + 1, t.lr, t.warmup))
+            pos.batch += t.accumulate  # a skipped step's batches are consumed too: a bad batch is not retried forever
+            if applied:
+                pos.step += 1
+                bad_steps = 0
+                interval["loss"] += loss
+                interval["tokens"] += sum(b.n_tgt_tokens for b in group)
+                bar.update(1)
+            else:
+                bad_steps += 1
+                interval["skipped"] += 1
+                if bad_steps >= t.max_bad_steps:
+                    log.write(json.dumps(log_interval(interval, pos, optimizer)) + "\n")
+                    raise TrainError(f"after step {pos.step}: {bad_steps} steps in a row had a non-finite loss or "
+                                     f"gradients and were skipped; stopped. " + diverged_advice(out_dir))
+            if applied and pos.step % t.log_every == 0:
                 report = log_interval(interval, pos, optimizer)
                 log.write(json.dumps(report) + "\n")
+                log.flush()
                 bar.set_postfix(loss=f"{report['loss']:.3f}", lr=f"{report['lr']:.2e}",
                                 tok_s=f"{report['tgt_tok_per_s']:.0f}")
                 if bar.disable:  # no live bar: one log line per interval instead
                     say(f"step {pos.step} · epoch {pos.epoch} · loss {report['loss']:.3f} · "
-                        f"lr {report['lr']:.2e} · {report['tgt_tok_per_s']:.0f} tgt tok/s")
-            if pos.step % t.valid_every == 0:
+                        f"lr {report['lr']:.2e} · {report['tgt_tok_per_s']:.0f} tgt tok/s"
+                        + (f" · {report['skipped_steps']} skipped (non-finite)" if report["skipped_steps"] else ""))
+            if applied and pos.step % t.valid_every == 0:
                 metrics = validate_and_save()
                 model.train()
             if stop.received:
@@ -255,11 +287,12 @@ class StopSignals:
 
 
 def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
-    """The config a run started with (from its last.pt), with `overrides` applied; the model cannot change."""
-    last_path = Path(out_dir) / "last.pt"
-    if not last_path.is_file():
+    """The config a run started with (from its newest readable checkpoint), with `overrides` applied; the model
+    cannot change. Silent about damaged checkpoints: `train` reports them when it loads the same one."""
+    last_path = Path(out_dir) / checkpoint.LAST
+    if not last_path.is_file() and not checkpoint.numbered(out_dir):
         raise TrainError(f"{last_path}: nothing to resume; drop --resume to start a new run")
-    cfg = from_dict(checkpoint.load(last_path)["config"])
+    cfg = from_dict(checkpoint.latest_readable(out_dir)[1]["config"])
     for item in overrides:
         key, sep, value = item.partition("=")
         if key.strip().startswith("model."):
@@ -267,6 +300,49 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
         set_value(cfg, key.strip(), yaml.safe_load(value) if sep and value.strip() else value)
     validate(cfg)
     return cfg
+
+
+def resume_state(out_dir: Path) -> tuple[Path, dict]:
+    """The newest readable checkpoint of the run in `out_dir`; says on stderr which damaged ones it passed over."""
+    path, state, problems = checkpoint.latest_readable(out_dir)
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if problems:
+        print(f"warning: resuming from {path} (step {state['step']}) instead; the steps after it are trained again",
+              file=sys.stderr)
+    if "train" not in state:
+        raise TrainError(f"{path}: holds no training state (optimizer, data position); it cannot be resumed")
+    return path, state
+
+
+def check_same_vocabulary(state: dict, path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer, data_dir: Path) -> None:
+    """A resumed run's ids must mean the same pieces as when it started, or it silently learns garbage."""
+    for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
+        old = Tokenizer(state["spm"][side])
+        if not same_pieces(old, tok):
+            raise TrainError(f"{data_dir}: its {side} vocabulary ({tok.vocab_size} pieces) is not the one {path} was "
+                             f"trained with ({old.vocab_size} pieces); resume with the run's data "
+                             f"(--set data={state['config']['data']}) or start a new run in another --out")
+
+
+def same_pieces(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether every id means the same piece (piece scores may differ: they only steer segmentation)."""
+    if a.model_proto == b.model_proto:
+        return True
+    return a.vocab_size == b.vocab_size and all(a.sp.id_to_piece(i) == b.sp.id_to_piece(i)
+                                                 for i in range(a.vocab_size))
+
+
+def all_finite(model: torch.nn.Module) -> bool:
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+
+
+def diverged_advice(out_dir: Path) -> str:
+    """What to try after the loss diverged; the checkpoints on disk are all finite (see `check_finite` in `train`)."""
+    fixes = "try a lower train.lr, gradient clipping (train.clip_norm=1.0) or train.precision=fp32"
+    if (out_dir / checkpoint.LAST).is_file():
+        return f"To go on, {fixes}: mt train --resume --out {out_dir} --set train.lr=..."
+    return f"No checkpoint was saved; start again and {fixes}."
 
 
 def finished(t, pos: Position, started: float) -> bool:
@@ -279,8 +355,9 @@ def finished(t, pos: Position, started: float) -> bool:
 
 def train_step(model: Transformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                group: list[Batch], cfg: Config, device: torch.device, amp_dtype: torch.dtype | None,
-               lr: float) -> float:
-    """One optimizer step over `group` (accumulated micro-batches). Returns the summed loss (a float)."""
+               lr: float) -> tuple[float, bool]:
+    """One optimizer step over `group` (accumulated micro-batches). Returns the summed loss (a float) and whether
+    the update was applied: a step whose loss or gradients are not finite changes neither weights nor optimizer."""
     t = cfg.train
     n_tokens = sum(b.n_tgt_tokens for b in group)
     total = 0.0
@@ -293,19 +370,25 @@ def train_step(model: Transformer, optimizer: torch.optim.Optimizer, scaler: tor
     for group_ in optimizer.param_groups:
         group_["lr"] = lr
     scaler.unscale_(optimizer)
+    # One total gradient norm per step (~1% of a step): it clips, and it is not finite iff some gradient is not.
     if t.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-    scaler.step(optimizer)
-    scaler.update()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    applied = math.isfinite(total) and bool(torch.isfinite(norm))
+    if applied:
+        scaler.step(optimizer)
+    scaler.update()  # fp16: a non-finite step lowers the loss scale, as it would had the scaler skipped it itself
     optimizer.zero_grad(set_to_none=True)
-    return total
+    return total, applied
 
 
 def log_interval(interval: dict, pos: Position, optimizer: torch.optim.Optimizer) -> dict:
     seconds = time.time() - interval["start"]
     report = {"step": pos.step, "epoch": pos.epoch, "loss": interval["loss"] / max(interval["tokens"], 1),
-              "lr": optimizer.param_groups[0]["lr"], "tgt_tok_per_s": interval["tokens"] / max(seconds, 1e-9)}
-    interval.update(loss=0.0, tokens=0, start=time.time())
+              "lr": optimizer.param_groups[0]["lr"], "tgt_tok_per_s": interval["tokens"] / max(seconds, 1e-9),
+              "skipped_steps": interval["skipped"]}  # skipped (non-finite) steps since the previous report
+    interval.update(loss=0.0, tokens=0, skipped=0, start=time.time())
     return report
 
 
