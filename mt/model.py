@@ -147,27 +147,33 @@ class DecoderLayer(nn.Module):
     def step(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, t: int, mem_k: Tensor, mem_v: Tensor,
              src_mask: Tensor) -> Tensor:
         x = self.res_self.add(x, self.self_attn.step(self.res_self.normed_input(x), k_cache, v_cache, t))
-        x = self.res_cross.add(x, self.cross_attn(self.res_cross.normed_input(x), mem_k, mem_v, src_mask))
+        # A sentence's beams share its encoder memory: they attend to it as one sentence with k queries, so the
+        # memory is stored once per sentence, never repeated per beam nor reordered with the beams.
+        h = self.res_cross.normed_input(x).view(mem_k.size(0), -1, x.size(-1))  # (n, k, D)
+        x = self.res_cross.add(x, self.cross_attn(h, mem_k, mem_v, src_mask).view_as(x))
         return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x)))
 
 
 @dataclass
 class DecoderCache:
-    """Everything incremental decoding needs between steps, per decoder layer; rows are (sentence × beam).
+    """Everything incremental decoding needs between steps, per decoder layer.
 
-    `decode_step` writes into the self-attention buffers in place and returns the cache one position longer:
-    a cache is used once, then replaced by the one returned.
+    Rows of the self-attention buffers are (sentence × beam), a sentence's `beam` rows side by side; the encoder
+    memory has one row per sentence. `decode_step` writes into the self-attention buffers in place and returns
+    the cache one position longer: a cache is used once, then replaced by the one returned.
     """
 
-    mem_k: list[Tensor]  # (B, H, S, Dh) per layer: the encoder output's cross-attention keys, computed once
+    mem_k: list[Tensor]  # (n, H, S, Dh) per layer: the encoder output's cross-attention keys, computed once
     mem_v: list[Tensor]
-    self_k: list[Tensor]  # (L, B, H, Dh) per layer: keys of the target prefix, positions [0, length) filled
+    self_k: list[Tensor]  # (L, n * beam, H, Dh) per layer: keys of the target prefix, positions [0, length) filled
     self_v: list[Tensor]
-    src_mask: Tensor  # (B, 1, 1, S)
+    src_mask: Tensor  # (n, 1, 1, S)
     length: int = 0  # target positions decoded so far
+    beam: int = 1
 
-    def select(self, rows: Tensor) -> DecoderCache:
-        """Keep (and reorder) the rows in `rows`: beam reordering and dropping finished sentences.
+    def select(self, rows: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        """Keep (and reorder) the rows in `rows` of the target-side state, e.g. to follow the beams, and, when
+        sentences finish, the `sentences` kept of the encoder side. `rows` must stay grouped by sentence.
 
         Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block.
         """
@@ -176,10 +182,13 @@ class DecoderCache:
             torch.index_select(buf[:self.length], 1, rows, out=new[:self.length])
             return new
 
-        return DecoderCache([k.index_select(0, rows) for k in self.mem_k],
-                            [v.index_select(0, rows) for v in self.mem_v],
-                            [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
-                            self.src_mask.index_select(0, rows), self.length)
+        mem_k, mem_v, src_mask = self.mem_k, self.mem_v, self.src_mask
+        if sentences is not None:
+            mem_k = [k.index_select(0, sentences) for k in mem_k]
+            mem_v = [v.index_select(0, sentences) for v in mem_v]
+            src_mask = src_mask.index_select(0, sentences)
+        return DecoderCache(mem_k, mem_v, [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
+                            src_mask, self.length, self.beam)
 
 
 class Transformer(nn.Module):
@@ -246,13 +255,16 @@ class Transformer(nn.Module):
         memory, src_mask = self.encode(src)
         return self.decode(tgt, memory, src_mask)
 
-    def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None) -> DecoderCache:
-        """A cache for decoding up to `max_steps` positions (default: model.max_len) after `encode`."""
+    def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None,
+                    beam: int = 1) -> DecoderCache:
+        """A cache for decoding `beam` hypotheses per sentence, up to `max_steps` positions (default:
+        model.max_len), after `encode`."""
         steps = max_steps or self.cfg.max_len
         mem_kv = [layer.cross_attn.memory_kv(memory) for layer in self.decoder]
-        b, h, dh = memory.size(0), self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        empty = [memory.new_empty((steps, b, h, dh)) for _ in range(2 * len(self.decoder))]
-        return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], empty[0::2], empty[1::2], src_mask)
+        rows, h, dh = memory.size(0) * beam, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
+        empty = [memory.new_empty((steps, rows, h, dh)) for _ in range(2 * len(self.decoder))]
+        return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], empty[0::2], empty[1::2], src_mask,
+                            beam=beam)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         """Next-token logits (B, V) for the last tokens (B,), given everything before them in `cache`."""
@@ -263,7 +275,8 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, cache.self_k[i], cache.self_v[i], t, cache.mem_k[i], cache.mem_v[i], cache.src_mask)
         logits = self.output(self.dec_norm(x[:, 0]))
-        return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1)
+        return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
+                                    cache.beam)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:

@@ -59,7 +59,7 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
             if not running.any():
                 break
             keep = running.nonzero().squeeze(1)
-            active, tokens, cache = active[keep], tokens[keep], cache.select(keep)
+            active, tokens, cache = active[keep], tokens[keep], cache.select(keep, keep)
     return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
 
 
@@ -81,8 +81,7 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
     memory, src_mask = model.encode(src)
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
     steps = int(limit.max())
-    rows = torch.arange(n, device=device).repeat_interleave(k)  # each sentence's k beams, side by side
-    cache = model.start_cache(memory.index_select(0, rows), src_mask.index_select(0, rows), steps)
+    cache = model.start_cache(memory, src_mask, steps, beam=k)  # each sentence's k beams side by side
 
     active = torch.arange(n, device=device)  # original sentence of each running sentence
     scores = torch.full((n, k), -torch.inf, device=device)
@@ -124,14 +123,16 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
 
         # A sentence is done when no live beam can beat the nbest-th finished one (-inf >= -inf: none can).
         keep = kth_best[active] < scores[:, 0] / length_penalty(step + 1, len_penalty)
+        sentences = None  # the encoder side changes only when sentences finish
         if not keep.all():
             if not keep.any():
                 break
+            sentences = keep.nonzero().squeeze(1)
             parent = parent.view(-1, k)[keep].view(-1)
             scores, tok, active = scores[keep], tok[keep], active[keep]
         prefixes = torch.cat([prefixes.index_select(0, parent), tok.view(-1, 1)], dim=1)
         last = tok.view(-1)
-        cache = cache.select(parent)
+        cache = cache.select(parent, sentences)
 
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
 

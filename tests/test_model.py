@@ -74,3 +74,22 @@ def test_too_long_input_is_a_clear_error():
     model = tiny_model()
     with pytest.raises(ValueError, match="max_len"):
         model.encode(torch.full((1, 65), 5))
+
+
+def test_beams_share_the_encoder_memory_and_follow_reordering():
+    model = tiny_model()
+    src, tgt = random_batch(b=2)
+    k = 3
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        full = model.decode(tgt, memory, src_mask)  # (2, T, V)
+        cache = model.start_cache(memory, src_mask, beam=k)
+        rows = torch.arange(2).repeat_interleave(k)  # sentence of each (sentence × beam) row
+        for i in range(tgt.size(1)):
+            logits, cache = model.decode_step(tgt[rows, i], cache)
+            torch.testing.assert_close(logits, full[rows, i], rtol=1e-5, atol=1e-5)
+            perm = torch.tensor([2, 0, 1, 4, 5, 3])  # shuffle beams within each sentence: all identical rows
+            cache = cache.select(perm)
+        # Dropping the first sentence keeps the second one's state intact.
+        cache = cache.select(torch.tensor([3, 4, 5]), torch.tensor([1]))
+        assert cache.mem_k[0].size(0) == 1 and cache.self_k[0].size(1) == 3

@@ -51,7 +51,7 @@ class PrefixCache:
     def __init__(self, prefix: torch.Tensor):
         self.prefix = prefix
 
-    def select(self, rows):
+    def select(self, rows, sentences=None):
         return PrefixCache(self.prefix.index_select(0, rows))
 
 
@@ -66,8 +66,8 @@ class FixedModel(nn.Module):
     def encode(self, src):
         return torch.zeros(src.size(0), src.size(1), 1), (src != PAD)[:, None, None, :]
 
-    def start_cache(self, memory, src_mask, max_steps=None):
-        return PrefixCache(torch.zeros(memory.size(0), 0, dtype=torch.long))
+    def start_cache(self, memory, src_mask, max_steps=None, beam=1):
+        return PrefixCache(torch.zeros(memory.size(0) * beam, 0, dtype=torch.long))
 
     def decode_step(self, tokens, cache):
         started = cache.prefix.size(1) > 0 or bool((tokens != BOS).any())
