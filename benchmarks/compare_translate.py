@@ -37,34 +37,36 @@ def timed(run, runs: int) -> float:
     return statistics.median(times)
 
 
+HF_EOS, HF_PAD = 1, VOCAB  # Marian's layout: <pad> is the last token, which CTranslate2 drops when converting
+
+
 def marian_model(preset: str, model_dir: Path):
-    """A random-weight MarianMTModel of the preset's architecture, saved with a tokenizer CTranslate2 can read."""
+    """A random-weight MarianMTModel of the preset's architecture, saved with the vocabulary files CTranslate2's
+    converter reads. Its vocabulary is VOCAB tokens plus Marian's trailing <pad>, so after conversion CTranslate2
+    has exactly VOCAB output classes, as mt has."""
     import sentencepiece as spm
     from transformers import MarianConfig, MarianMTModel
 
     p = PRESETS[preset]
     config = MarianConfig(
-        vocab_size=VOCAB, d_model=p["d_model"], encoder_layers=p["n_enc_layers"], decoder_layers=p["n_dec_layers"],
+        vocab_size=VOCAB + 1, d_model=p["d_model"], encoder_layers=p["n_enc_layers"], decoder_layers=p["n_dec_layers"],
         encoder_attention_heads=p["n_heads"], decoder_attention_heads=p["n_heads"], encoder_ffn_dim=p["d_ff"],
         decoder_ffn_dim=p["d_ff"], activation_function="relu", max_position_embeddings=256, scale_embedding=True,
-        pad_token_id=0, eos_token_id=3, decoder_start_token_id=0, forced_eos_token_id=None,
+        pad_token_id=HF_PAD, eos_token_id=HF_EOS, decoder_start_token_id=HF_PAD, forced_eos_token_id=None,
         share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = MarianMTModel(config).eval()
     model.save_pretrained(model_dir)
-    # A SentencePiece model of exactly VOCAB pieces with mt's special ids gives Marian its vocabulary files.
-    words = [f"w{i}" for i in range(4 * VOCAB)]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(" ".join(words[i:i + 50]) for i in range(0, len(words), 7)),
-                                   model_prefix=str(model_dir / "spm"), vocab_size=VOCAB, model_type="word",
-                                   pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
-    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
-    (model_dir / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tokens = ["<unk>", "</s>"] + [f"w{i}" for i in range(2, VOCAB)] + ["<pad>"]
+    (model_dir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")
+    # MarianTokenizer insists on SentencePiece files; they are never used, since ids go in directly.
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g h"] * 10), model_prefix=str(model_dir / "spm"),
+                                   vocab_size=12, model_type="char", minloglevel=2)
     for name in ("source.spm", "target.spm"):
         (model_dir / name).write_bytes((model_dir / "spm.model").read_bytes())
     (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer",
                                                                   "model_max_length": 256}), encoding="utf-8")
-    return model, [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return model, tokens
 
 
 def main() -> None:
@@ -112,15 +114,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         hf, pieces = marian_model(args.preset, Path(tmp) / "hf")
+        hf_batches = [torch.tensor([s + [HF_EOS] for s in srcs[i:i + args.batch]]) for i in range(0, n, args.batch)]
         produced = []
 
         @torch.inference_mode()
         def run_hf() -> None:
             produced.clear()
-            for src in batches:
-                out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=args.beam,
+            for src in hf_batches:
+                out = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=args.beam,
                                   do_sample=False, min_new_tokens=args.tgt_len, max_new_tokens=args.tgt_len)
-                produced.append(int((out[:, 1:] > EOS).sum()))
+                produced.append(int(((out[:, 1:] != HF_PAD) & (out[:, 1:] != HF_EOS)).sum()))
 
         report("hf-generate-fp32", timed(run_hf, args.runs), sum(produced))
 
