@@ -27,6 +27,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: flo
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
 
 
+def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Attention for the few queries of one decoding step: at this size plain matmuls beat the fused kernel."""
+    scores = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf)
+    return scores.softmax(dim=-1) @ v
+
+
 def sinusoids(length: int, d_model: int) -> Tensor:
     """The paper's fixed positional encodings, (length, D)."""
     position = torch.arange(length, dtype=torch.float32)[:, None]
@@ -63,7 +71,7 @@ class SelfAttention(nn.Module):
         v_cache[t] = v
         keys = k_cache[:t + 1].permute(1, 2, 0, 3)  # (B, H, t+1, Dh), a strided view
         values = v_cache[:t + 1].permute(1, 2, 0, 3)
-        y = attention(q[:, :, None], keys, values, None, 0.0, causal=False)  # (B, H, 1, Dh)
+        y = step_attention(q[:, :, None], keys, values, None)  # (B, H, 1, Dh)
         return self.out(merge_heads(y))
 
 
@@ -85,6 +93,10 @@ class CrossAttention(nn.Module):
         q = split_heads(self.q(x), self.n_heads)
         y = attention(q, k, v, src_mask, self.dropout if self.training else 0.0, causal=False)
         return self.out(merge_heads(y))
+
+    def step(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
+        """Decoding: x (n, k, D) holds the current position of a sentence's k beams, as k queries."""
+        return self.out(merge_heads(step_attention(split_heads(self.q(x), self.n_heads), k, v, src_mask)))
 
 
 class FeedForward(nn.Module):
@@ -150,7 +162,7 @@ class DecoderLayer(nn.Module):
         # A sentence's beams share its encoder memory: they attend to it as one sentence with k queries, so the
         # memory is stored once per sentence, never repeated per beam nor reordered with the beams.
         h = self.res_cross.normed_input(x).view(mem_k.size(0), -1, x.size(-1))  # (n, k, D)
-        x = self.res_cross.add(x, self.cross_attn(h, mem_k, mem_v, src_mask).view_as(x))
+        x = self.res_cross.add(x, self.cross_attn.step(h, mem_k, mem_v, src_mask).view_as(x))
         return self.res_ffn.add(x, self.ffn(self.res_ffn.normed_input(x)))
 
 

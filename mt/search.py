@@ -98,9 +98,13 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
         if step < min_len:
             logp[:, EOS] = -torch.inf
         logp = force_eos_at_limit(logp, (limit[active] <= step + 1).repeat_interleave(k))
-        cand = (scores[:, :, None] + logp.view(-1, k, vocab)).view(-1, k * vocab)  # (n, k*V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # 2k: at least k of them do not end in EOS
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        # A sentence's 2k best continuations (2k: at least k of them do not end in EOS) are among its beams'
+        # 2k best tokens each, so the top-k runs over (n*k, V) once and then over (n, k*2k), never over k*V.
+        width = min(2 * k, vocab)
+        row_lp, row_tok = logp.topk(width, dim=1)  # (n*k, width)
+        cand = (scores.view(-1, 1) + row_lp).view(-1, k * width)  # (n, k*width)
+        top_scores, top_idx = cand.topk(min(2 * k, cand.size(1)), dim=1)
+        top_beam, top_tok = top_idx // width, row_tok.view(-1, k * width).gather(1, top_idx)
 
         # Finish the hypotheses that end in EOS among the k best candidates (a few per step: a short loop).
         ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
