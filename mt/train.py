@@ -9,26 +9,51 @@ validation).
 A step whose loss or gradients are not finite is skipped (see `train_step`): its batches are consumed, but the
 weights, the optimizer and `Position.step` stay as they were, so `max_steps` and the schedule count real updates.
 `train.max_bad_steps` skipped steps in a row stop the run; a checkpoint with non-finite weights is never written.
+
+Several processes (`torchrun --nproc_per_node W -m mt train ...`; see mt/distributed.py) train one model with
+DistributedDataParallel:
+- Data: one optimizer step takes W × A consecutive batches of the epoch's batch list (A = train.accumulate), and
+  rank r trains on the r-th, (r + W)-th, ... of them. That is the step single-process training with accumulate
+  W × A takes, and the data position (epoch, batch) stays one global number, the same on every rank: a run can
+  resume with another number of processes (with another W × A its steps hold more or fewer batches from then on).
+- Loss: every rank divides its summed loss by the target tokens of the whole step (all ranks' batches, counted
+  from the lengths on disk, so no communication) and multiplies it by W, because DDP averages the ranks'
+  gradients: the result is the per-token gradient of the whole step, as one process would compute it.
+- Agreement: a step is skipped on every rank when any rank's loss or gradients are not finite; rank 0's time
+  budget (`train.max_minutes`) and a SIGINT/SIGTERM on any rank stop every rank after the same step.
+- Rank 0 alone validates, writes checkpoints, config.yaml and log.jsonl, and prints; the others wait at a barrier.
+- Dropout: rank 0 draws from the single-process stream, rank r > 0 from one seeded with (seed, rank, step), so a
+  run with dropout is not bitwise equal to single-process training (the equivalence tests use dropout 0).
+  Checkpoints hold rank 0's random state; on resume, the other ranks reseed from (seed, rank, step).
+
+Speed: a step has one host-device sync, reading whether to apply the update (see `train_step`); the summed loss
+stays on the device until a log line needs it. The batches of the next two steps are collated (and pinned in
+memory on GPU) in a background thread while the current step computes (`Prefetch`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import queue
 import random
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
 import torch
 import yaml
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from mt import checkpoint
+from mt import checkpoint, distributed
 from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
 from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches
 from mt.loss import label_smoothed_nll
@@ -111,13 +136,28 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
 
 
 def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train per `cfg`, writing into `out_dir`; returns the last validation metrics."""
-    out_dir = Path(out_dir)
+    """Train per `cfg`, writing into `out_dir`; returns the last validation metrics ({} on ranks other than 0).
+
+    Started by torchrun as one of several processes, joins their process group for the run (see the top)."""
+    device = distributed.start(pick_device(cfg.train.device))
+    try:
+        return train_on(device, cfg, Path(out_dir), resume, progress)
+    finally:
+        distributed.stop()
+
+
+STOP_TIME, STOP_SIGNAL = 1, 2  # what ranks agree on after each step; the larger wins (see `distributed.agree_max`)
+
+
+def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, progress: bool) -> dict:
+    rank, world = distributed.rank(), distributed.world_size()
+    main = rank == 0
+    progress = progress and main
     data_dir = Path(cfg.data)
     last_path = out_dir / checkpoint.LAST
     state = None
     if resume:
-        resume_path, state = resume_state(out_dir)
+        resume_path, state = resume_state(out_dir, warn=main)
     elif last_path.is_file() or checkpoint.numbered(out_dir):
         raise TrainError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
     t = cfg.train
@@ -135,13 +175,13 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
     torch.manual_seed(t.seed)
     if t.threads:
         torch.set_num_threads(t.threads)
-    device = pick_device(t.device)
     amp_dtype = autocast_dtype(t.precision, device)
 
     model = Transformer(cfg.model).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                 weight_decay=t.weight_decay, fused=device.type == "cuda")
+    # Fused (one kernel for all parameters) on GPU; on CPU, where there is no fused kernel worth having, foreach.
+    optimizer = torch.optim.Adam(params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay,
+                                 fused=device.type == "cuda", foreach=device.type != "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     pos = Position()
     best_bleu = -1.0
@@ -151,17 +191,37 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
         scaler.load_state_dict(state["train"]["scaler"])
         pos = Position(**state["train"]["position"])
         best_bleu = state["train"]["best_bleu"]
-        restore_rng(state["train"]["rng"])
+        if main:
+            restore_rng(state["train"]["rng"], device)
+        steps_before = state["train"].get("world_size", 1) * state["config"]["train"]["accumulate"]
+        if main and steps_before != world * t.accumulate:
+            print(f"note: {resume_path} was trained with {steps_before} batches per step; from step {pos.step} on "
+                  f"a step takes {world * t.accumulate} ({world} processes × train.accumulate={t.accumulate})",
+                  file=sys.stderr)
+    if rank > 0:  # a dropout stream of its own (see the top)
+        torch.manual_seed(rank_seed(t.seed, rank, pos.step))
+    ddp = distributed.wrap(model, device)  # None in a single process
+    forward = ddp or model  # what the training step calls; `model` is what is validated and saved
+    if t.compile:
+        forward = torch.compile(forward)
 
     train_split = Split(data_dir, "train")
     valid_split = Split(data_dir, "valid") if (data_dir / "valid.src.ids.npy").is_file() else None
     valid_refs = read_lines(data_dir / "valid.tgt.txt") if valid_split is not None else None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
-    log = open(out_dir / "log.jsonl", "a", encoding="utf-8")
+    log = None
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+        log = open(out_dir / "log.jsonl", "a", encoding="utf-8")
     say = (lambda msg: tqdm.write(msg, file=sys.stderr)) if progress else (lambda msg: None)
-    say(f"model: {count_parameters(model):,} parameters · device {device} · "
-        f"precision {amp_dtype or torch.float32} · {len(train_split):,} training pairs")
+    say(f"model: {count_parameters(model):,} parameters · device {device}"
+        + (f" × {world} processes" if world > 1 else "")
+        + f" · precision {amp_dtype or torch.float32} · {len(train_split):,} training pairs")
+
+    def record(entry: dict) -> None:
+        if log is not None:
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
 
     def snapshot(metrics: dict) -> dict:
         return {"model": model.state_dict(), "config": to_dict(cfg),
@@ -170,36 +230,38 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
 
     def check_finite() -> None:
         # Checked before every save: a checkpoint with NaN weights would poison every resume and translation.
+        # Every rank checks (the weights are the same on all), so all of them stop together.
         if not all_finite(model):
             raise TrainError(f"step {pos.step}: the model's weights are not finite; no checkpoint written. "
                              + diverged_advice(out_dir))
 
-    def save_last(metrics: dict) -> None:
-        check_finite()
+    def save_last(metrics: dict) -> None:  # rank 0, after check_finite
         s = snapshot(metrics)
         s["train"] = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                       "position": vars(pos) | {"elapsed": pos.elapsed + time.time() - started},
-                      "best_bleu": best_bleu, "rng": rng_state()}
+                      "best_bleu": best_bleu, "rng": rng_state(device), "world_size": world}
         checkpoint.save_last(s, out_dir, t.keep_checkpoints)
 
     def validate_and_save() -> dict:
         nonlocal best_bleu
         check_finite()
-        metrics = {"step": pos.step, "epoch": pos.epoch}
-        if valid_split is not None:
-            valid_started = time.time()
-            metrics |= validation_metrics(model, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
-            metrics["valid_seconds"] = time.time() - valid_started
-        metrics["elapsed"] = pos.elapsed + time.time() - started
-        score = metrics.get("valid_bleu", -metrics.get("valid_loss", 0.0))
-        if score > best_bleu or valid_split is None:
-            best_bleu = score
-            checkpoint.save(snapshot(metrics), out_dir / "best.pt")
-            metrics["best"] = True
-        save_last(metrics)
-        log.write(json.dumps(metrics) + "\n")
-        log.flush()
-        say(" · ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+        metrics: dict = {}
+        if main:
+            metrics = {"step": pos.step, "epoch": pos.epoch}
+            if valid_split is not None:
+                valid_started = time.time()
+                metrics |= validation_metrics(model, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
+                metrics["valid_seconds"] = time.time() - valid_started
+            metrics["elapsed"] = pos.elapsed + time.time() - started
+            score = metrics.get("valid_bleu", -metrics.get("valid_loss", 0.0))
+            if score > best_bleu or valid_split is None:
+                best_bleu = score
+                checkpoint.save(snapshot(metrics), out_dir / "best.pt")
+                metrics["best"] = True
+            save_last(metrics)
+            record(metrics)
+            say(" · ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+        distributed.barrier()  # the other ranks wait while rank 0 validates and saves
         return metrics
 
     started = time.time()
@@ -207,43 +269,43 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
     bar = tqdm(total=t.max_steps, initial=pos.step, disable=not progress or not sys.stderr.isatty(),
                unit="step", dynamic_ncols=True)
     metrics: dict = {}
-    interval = {"loss": 0.0, "tokens": 0, "skipped": 0, "start": time.time()}
+    validated = -1  # the step of the latest validation, known on every rank (metrics only on rank 0)
+    interval = {"loss": torch.zeros((), device=device), "tokens": 0, "skipped": 0, "start": time.time()}
     bad_steps = 0  # skipped steps in a row
-    batches, batches_epoch = [], -1
+    per_step = world * t.accumulate
+    pin = device.type == "cuda"  # pinned host memory lets the copy to the GPU run asynchronously
+    steps = Prefetch((pinned(s) if pin else s for s in step_batches(train_split, cfg, pos.epoch, pos.batch, world,
+                                                                    rank)), depth=2)
     try:
-        model.train()
-        while not finished(t, pos, started):
-            if batches_epoch != pos.epoch:
-                batches, batches_epoch = epoch_batches(train_split, t.max_tokens, cfg.model.max_len, t.seed,
-                                                       pos.epoch), pos.epoch
-                if len(batches) < t.accumulate:
-                    raise TrainError(f"an epoch has {len(batches)} batches, fewer than train.accumulate="
-                                     f"{t.accumulate}; lower train.max_tokens or train.accumulate")
-            if pos.batch + t.accumulate > len(batches):
-                pos.epoch, pos.batch = pos.epoch + 1, 0
-                continue
-            group = [collate(train_split, batches[pos.batch + i], cfg.model.max_len).to(device)
-                     for i in range(t.accumulate)]
-            loss, applied = train_step(model, optimizer, scaler, group, cfg, device, amp_dtype,
-                                       learning_rate(pos.step + 1, t.lr, t.warmup))
-            pos.batch += t.accumulate  # a skipped step's batches are consumed too: a bad batch is not retried forever
+        halt = distributed.agree_max(STOP_TIME if main and out_of_time(t, pos, started) else 0)
+        forward.train()
+        while not halt and not finished(t, pos):
+            data = steps.next()
+            pos.epoch, pos.batch = data.epoch, data.batch
+            if finished(t, pos):  # the data has moved on to an epoch past train.max_epochs
+                break
+            group = [b.to(device) for b in data.group]
+            loss, applied = train_step(forward, optimizer, scaler, group, cfg, device, amp_dtype,
+                                       learning_rate(pos.step + 1, t.lr, t.warmup), data.n_tokens, ddp)
+            pos.batch += per_step  # a skipped step's batches are consumed too: a bad batch is not retried forever
             if applied:
                 pos.step += 1
                 bad_steps = 0
                 interval["loss"] += loss
-                interval["tokens"] += sum(b.n_tgt_tokens for b in group)
+                interval["tokens"] += data.n_tokens
                 bar.update(1)
             else:
                 bad_steps += 1
                 interval["skipped"] += 1
                 if bad_steps >= t.max_bad_steps:
-                    log.write(json.dumps(log_interval(interval, pos, optimizer)) + "\n")
+                    record(log_interval(interval, pos, optimizer))
                     raise TrainError(f"after step {pos.step}: {bad_steps} steps in a row had a non-finite loss or "
                                      f"gradients and were skipped; stopped. " + diverged_advice(out_dir))
+            halt = distributed.agree_max(STOP_SIGNAL if stop.received else
+                                         STOP_TIME if main and out_of_time(t, pos, started) else 0)
             if applied and pos.step % t.log_every == 0:
                 report = log_interval(interval, pos, optimizer)
-                log.write(json.dumps(report) + "\n")
-                log.flush()
+                record(report)
                 bar.set_postfix(loss=f"{report['loss']:.3f}", lr=f"{report['lr']:.2e}",
                                 tok_s=f"{report['tgt_tok_per_s']:.0f}")
                 if bar.disable:  # no live bar: one log line per interval instead
@@ -251,17 +313,23 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
                         f"lr {report['lr']:.2e} · {report['tgt_tok_per_s']:.0f} tgt tok/s"
                         + (f" · {report['skipped_steps']} skipped (non-finite)" if report["skipped_steps"] else ""))
             if applied and pos.step % t.valid_every == 0:
-                metrics = validate_and_save()
-                model.train()
-            if stop.received:
-                save_last(metrics)
-                raise TrainInterrupted(f"{stop.received} at step {pos.step}: saved {last_path}. "
-                                       f"Continue with: mt train --resume --out {out_dir}")
-        if metrics.get("step") != pos.step:
+                metrics, validated = validate_and_save(), pos.step
+                forward.train()
+            if halt == STOP_SIGNAL:
+                check_finite()
+                if main:
+                    save_last(metrics)
+                distributed.barrier()  # nobody exits (and so has the launcher stop the others) before the save
+                launcher = f"torchrun --nproc_per_node {world} -m " if world > 1 else ""
+                raise TrainInterrupted(f"{stop.received or 'SIGTERM (on another process)'} at step {pos.step}: "
+                                       f"saved {last_path}. Continue with: {launcher}mt train --resume --out {out_dir}")
+        if validated != pos.step:
             metrics = validate_and_save()
     finally:
+        steps.close()
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
         stop.restore()
     return metrics
 
@@ -302,14 +370,16 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
     return cfg
 
 
-def resume_state(out_dir: Path) -> tuple[Path, dict]:
-    """The newest readable checkpoint of the run in `out_dir`; says on stderr which damaged ones it passed over."""
+def resume_state(out_dir: Path, warn: bool = True) -> tuple[Path, dict]:
+    """The newest readable checkpoint of the run in `out_dir`; says on stderr (when `warn`) which damaged ones it
+    passed over."""
     path, state, problems = checkpoint.latest_readable(out_dir)
-    for problem in problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    if problems:
-        print(f"warning: resuming from {path} (step {state['step']}) instead; the steps after it are trained again",
-              file=sys.stderr)
+    if warn:
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        if problems:
+            print(f"warning: resuming from {path} (step {state['step']}) instead; the steps after it are trained "
+                  f"again", file=sys.stderr)
     if "train" not in state:
         raise TrainError(f"{path}: holds no training state (optimizer, data position); it cannot be resumed")
     return path, state
@@ -345,28 +415,40 @@ def diverged_advice(out_dir: Path) -> str:
     return f"No checkpoint was saved; start again and {fixes}."
 
 
-def finished(t, pos: Position, started: float) -> bool:
-    if pos.step >= t.max_steps:
-        return True
-    if t.max_epochs and pos.epoch >= t.max_epochs:
-        return True
+def finished(t, pos: Position) -> bool:
+    """Whether the step or epoch limit is reached: a function of the position, so every rank agrees."""
+    return pos.step >= t.max_steps or bool(t.max_epochs) and pos.epoch >= t.max_epochs
+
+
+def out_of_time(t, pos: Position, started: float) -> bool:
+    """Whether the wall-clock budget is spent. Clocks differ between ranks: rank 0's answer is the one acted on."""
     return bool(t.max_minutes) and pos.elapsed + time.time() - started >= 60 * t.max_minutes
 
 
-def train_step(model: Transformer, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                group: list[Batch], cfg: Config, device: torch.device, amp_dtype: torch.dtype | None,
-               lr: float) -> tuple[float, bool]:
-    """One optimizer step over `group` (accumulated micro-batches). Returns the summed loss (a float) and whether
-    the update was applied: a step whose loss or gradients are not finite changes neither weights nor optimizer."""
+               lr: float, n_tokens: int | None = None,
+               ddp: DistributedDataParallel | None = None) -> tuple[torch.Tensor, bool]:
+    """One optimizer step over `group` (accumulated micro-batches). Returns this rank's summed loss, left on the
+    device (reading it would wait for the GPU: the caller reads it when it logs), and whether the update was
+    applied: a step whose loss or gradients are not finite, on any rank, changes neither weights nor optimizer.
+
+    `model` is what runs the forward pass (the Transformer, or its DDP or compiled wrapper). `n_tokens` is the
+    number of target tokens in the whole step, on all ranks (default: those of `group`); `ddp`, in a run of several
+    processes, the DDP wrapper, whose gradient all-reduce runs on the last micro-batch only.
+    """
     t = cfg.train
-    n_tokens = sum(b.n_tgt_tokens for b in group)
-    total = 0.0
-    for batch in group:
-        with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext():
-            logits = model(batch.src, batch.tgt_in)
-        loss = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
-        scaler.scale(loss / n_tokens).backward()  # per-target-token loss over the whole step
-        total += loss.item()
+    world = distributed.world_size()
+    n_tokens = n_tokens if n_tokens is not None else sum(b.n_tgt_tokens for b in group)
+    total = torch.zeros((), device=device)
+    for i, batch in enumerate(group):
+        with distributed.sync_gradients(ddp, last=i == len(group) - 1):
+            with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext():
+                logits = model(batch.src, batch.tgt_in)
+            loss = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
+            # Per target token of the whole step; × world because DDP averages the ranks' gradients.
+            scaler.scale(loss * world / n_tokens).backward()
+        total += loss.detach()
     for group_ in optimizer.param_groups:
         group_["lr"] = lr
     scaler.unscale_(optimizer)
@@ -375,7 +457,14 @@ def train_step(model: Transformer, optimizer: torch.optim.Optimizer, scaler: tor
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-    applied = math.isfinite(total) and bool(torch.isfinite(norm))
+    # The step's one host-device sync: whether to apply it, which the host must know, as it counts the steps and
+    # sets the schedule. It comes after the whole backward pass is queued, so the GPU idles once per step (not
+    # once per micro-batch, as reading each loss would make it), for as long as the host takes to launch the
+    # optimizer step and the next forward pass, whose batches are already collated. (Fused Adam could skip the
+    # update on the device without this read, but the step count would then be known only on the device.) After
+    # DDP's all-reduce the gradients are the same on every rank; the losses are not, hence one more tiny all-reduce.
+    bad = (~torch.isfinite(norm) | ~torch.isfinite(total)).float()
+    applied = distributed.all_reduce_sum(bad).item() == 0
     if applied:
         scaler.step(optimizer)
     scaler.update()  # fp16: a non-finite step lowers the loss scale, as it would had the scaler skipped it itself
@@ -384,12 +473,97 @@ def train_step(model: Transformer, optimizer: torch.optim.Optimizer, scaler: tor
 
 
 def log_interval(interval: dict, pos: Position, optimizer: torch.optim.Optimizer) -> dict:
+    """The report of the steps since the last one, on every rank alike: all of them must call this together, as
+    the loss is summed over ranks (the one time the loss is read from the device)."""
     seconds = time.time() - interval["start"]
-    report = {"step": pos.step, "epoch": pos.epoch, "loss": interval["loss"] / max(interval["tokens"], 1),
+    loss = distributed.all_reduce_sum(interval["loss"].clone()).item()
+    report = {"step": pos.step, "epoch": pos.epoch, "loss": loss / max(interval["tokens"], 1),
               "lr": optimizer.param_groups[0]["lr"], "tgt_tok_per_s": interval["tokens"] / max(seconds, 1e-9),
               "skipped_steps": interval["skipped"]}  # skipped (non-finite) steps since the previous report
-    interval.update(loss=0.0, tokens=0, skipped=0, start=time.time())
+    interval.update(loss=torch.zeros_like(interval["loss"]), tokens=0, skipped=0, start=time.time())
     return report
+
+
+@dataclass
+class StepBatches:
+    """One optimizer step's data as one rank sees it."""
+
+    epoch: int
+    batch: int  # the step's first batch in the epoch's list: the data position while the step trains
+    group: list[Batch]  # this rank's micro-batches, on the host
+    n_tokens: int  # target tokens of the whole step, all ranks' batches: the loss is normalised by them
+
+
+def step_batches(split: Split, cfg: Config, epoch: int, batch: int, world: int, rank: int) -> Iterator[StepBatches]:
+    """The steps from batch `batch` of epoch `epoch` on, forever. Each takes world × accumulate consecutive batches
+    of the epoch's list, and rank r collates the r-th, (r + world)-th, ... of them. An epoch's tail too short for a
+    whole step is left out (the next epoch's shuffle brings its examples back)."""
+    t, max_len = cfg.train, cfg.model.max_len
+    per_step = world * t.accumulate
+    tgt_lens = split.tgt_lens
+    while True:
+        batches = epoch_batches(split, t.max_tokens, max_len, t.seed, epoch)
+        if len(batches) < per_step:
+            raise TrainError(f"an epoch has {len(batches)} batches, fewer than the {per_step} of one step "
+                             f"({world} processes × train.accumulate={t.accumulate}); lower train.max_tokens or "
+                             f"train.accumulate")
+        while batch + per_step <= len(batches):
+            mine = batches[batch + rank:batch + per_step:world]
+            n_tokens = sum(target_tokens(tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
+            yield StepBatches(epoch, batch, [collate(split, idx, max_len) for idx in mine], n_tokens)
+            batch += per_step
+        epoch, batch = epoch + 1, 0
+
+
+def target_tokens(tgt_lens: np.ndarray, indices: np.ndarray, max_len: int) -> int:
+    """`collate(split, indices, max_len).n_tgt_tokens` without collating: each target's pieces, cut to fit
+    `max_len`, plus its EOS. Every rank counts the whole step's tokens this way, with no communication."""
+    return int(np.minimum(tgt_lens[indices], max_len - 1).sum()) + len(indices)
+
+
+def pinned(step: StepBatches) -> StepBatches:
+    group = [Batch(b.src.pin_memory(), b.tgt_in.pin_memory(), b.tgt_out.pin_memory(), b.n_tgt_tokens)
+             for b in step.group]
+    return StepBatches(step.epoch, step.batch, group, step.n_tokens)
+
+
+class Prefetch:
+    """Draws from `items` in a background thread, at most `depth` items ahead of `next()`, so collating the next
+    steps' batches overlaps the current step's compute. Order is unchanged; an error in the thread is raised by
+    the `next()` that would have returned the item."""
+
+    def __init__(self, items: Iterator, depth: int):
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self.fill, args=(items,), name="mt-prefetch", daemon=True)
+        self.thread.start()
+
+    def fill(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self.put((item, None)):
+                    return
+        except Exception as e:  # handed to the consumer, who raises it
+            self.put((None, e))
+
+    def put(self, entry: tuple) -> bool:
+        while not self.closed.is_set():
+            try:
+                self.queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self):
+        item, error = self.queue.get()
+        if error is not None:
+            raise error
+        return item
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join(timeout=10)  # a daemon thread: should it still be collating, it does not hold up exit
 
 
 @torch.inference_mode()
@@ -415,18 +589,26 @@ def validation_metrics(model: Transformer, split: Split, refs: list[str], tgt_to
     return metrics
 
 
-def rng_state() -> dict:
+def rank_seed(seed: int, rank: int, step: int) -> int:
+    """The dropout seed of rank > 0 from `step` on: well mixed, so no two (seed, rank, step) share a stream."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+def rng_state(device: torch.device) -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":  # the training GPU's only: asking for every GPU's would start a context on each
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if device.type == "cuda" and "cuda" in state:
+        cuda = state["cuda"]
+        if isinstance(cuda, list):  # checkpoints of earlier versions hold every visible GPU's
+            cuda = cuda[device.index or 0]
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def read_lines(path: Path) -> list[str]:

@@ -1,0 +1,110 @@
+"""Many processes, one run: the process group that `torchrun` describes, and the few collectives training needs.
+
+`torchrun --nproc_per_node N -m mt train ...` starts N copies of `mt train` with RANK, WORLD_SIZE and LOCAL_RANK in
+their environment (and MASTER_ADDR/MASTER_PORT to meet at). `start` joins that group: NCCL between GPUs (this
+process trains on cuda:LOCAL_RANK), gloo between CPU processes. Without those variables, or with a world of one,
+nothing is started and every helper here is a no-op: a single process trains as it always did.
+
+Two groups: the default one (NCCL on GPU) carries gradients and device tensors; a gloo group carries the small
+host-side agreements (stop or go on, barriers), so agreeing on them never waits for the GPU's queue to drain.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+_host_group = None  # gloo group for host-side agreements; None when not distributed
+_owned = False  # whether `start` created the process group (and so `stop` destroys it)
+
+
+def launched() -> bool:
+    """Whether torchrun (or another launcher setting its variables) started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def start(device: torch.device) -> torch.device:
+    """Join the launcher's process group, if launched as one of several processes; returns the device this process
+    trains on (cuda:LOCAL_RANK on GPUs). A group the caller has already started is used as it is."""
+    global _host_group, _owned
+    if not launched():
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    _owned = not dist.is_initialized()
+    if _owned:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None)
+    _host_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return device
+
+
+def stop() -> None:
+    """Leave the process group, if `start` created it."""
+    global _host_group, _owned
+    if _owned:
+        dist.destroy_process_group()
+    _host_group, _owned = None, False
+
+
+def active() -> bool:
+    return _host_group is not None
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def is_main() -> bool:
+    """Rank 0 writes the run directory (checkpoints, config.yaml, log.jsonl) and speaks; the others stay quiet."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    """Wait until every rank gets here, e.g. while rank 0 validates and saves (host-side: no GPU sync)."""
+    if active():
+        dist.barrier(group=_host_group)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over all ranks, in place, and return it. A device tensor on GPU: no host sync by itself."""
+    if active():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def agree_max(value: int) -> int:
+    """The largest of every rank's `value` (host-side). With codes ordered by urgency, every rank acts on the
+    most urgent request any of them made, at the same step."""
+    if not active():
+        return value
+    flag = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_host_group)
+    return int(flag.item())
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> DistributedDataParallel | None:
+    """The model under DistributedDataParallel (it averages gradients over ranks in the backward pass), or None
+    when not distributed. Its constructor broadcasts rank 0's weights, so every rank starts from the same ones."""
+    if not active():
+        return None
+    # The only buffer (the sinusoid table) is a constant: broadcasting it before every forward would be waste.
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   forward_sync_buffers=False)
+
+
+def sync_gradients(ddp: DistributedDataParallel | None, last: bool) -> AbstractContextManager:
+    """Around one micro-batch's forward and backward: all-reduce its gradients only when it is the step's last
+    (the earlier ones accumulate locally, and the last all-reduce carries their sum)."""
+    if ddp is None or last:
+        return nullcontext()
+    return ddp.no_sync()

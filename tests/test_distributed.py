@@ -1,0 +1,182 @@
+"""Training with several processes (torchrun, DDP over gloo on CPU) is the same training as one process with the same
+effective batch: the ranks split each step's batches, normalise the loss per token of the whole step, and end with
+identical weights; the data position is global, so a run resumes with another number of processes."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from mt import checkpoint
+from mt.config import Config, ModelConfig, to_dict
+from mt.data import Split, collate
+from mt.prepare import prepare
+from mt.train import Prefetch, resume_config, step_batches, target_tokens, train
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with the gloo backend is not available")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A small synthetic de→en corpus (a word-for-word 'translation'), prepared by the real `prepare`."""
+    root = tmp_path_factory.mktemp("corpus")
+    lexicon = dict(zip("der die das hund katze baum rot blau sitzt läuft unter auf groß klein".split(),
+                       "the the the dog cat tree red blue sits runs under on big small".split(), strict=True))
+    rng = random.Random(0)
+    for split, n in (("train", 400), ("valid", 10)):
+        pairs = [[rng.choice(list(lexicon)) for _ in range(rng.randint(2, 8))] for _ in range(n)]
+        (root / f"{split}.de").write_text("".join(" ".join(p) + "\n" for p in pairs), encoding="utf-8")
+        (root / f"{split}.en").write_text("".join(" ".join(lexicon[w] for w in p) + "\n" for p in pairs),
+                                          encoding="utf-8")
+    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
+            progress=False)
+    return root / "data"
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """`train` sets torch's thread count for the whole process; give the other test modules theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def config(data: Path, **train_changes) -> Config:
+    """A tiny model without dropout (each rank has its own dropout stream, so only dropout 0 can match one process)
+    and one thread (so that processes agree bit for bit)."""
+    cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64,
+                                                   dropout=0.0, max_len=32))
+    t = cfg.train
+    t.max_tokens, t.warmup, t.log_every, t.valid_bleu, t.threads, t.keep_checkpoints = 256, 10, 2, False, 1, 10
+    # Adam is blind to the scale of the gradient except through eps: with a large eps the update is about
+    # lr × gradient, so a loss normalised wrongly (say, without the × world that undoes DDP's averaging) changes
+    # the weights visibly. The large lr keeps those updates well above float noise.
+    t.eps, t.lr = 1.0, 1.0
+    for key, value in train_changes.items():
+        setattr(t, key, value)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- the data split
+
+
+def test_ranks_split_each_step_as_one_process_accumulates_it(prepared):
+    split = Split(prepared, "train")
+    one = step_batches(split, config(prepared, accumulate=4), 0, 0, world=1, rank=0)
+    ranks = [step_batches(split, config(prepared, accumulate=2), 0, 0, world=2, rank=r) for r in (0, 1)]
+    for _ in range(16):  # a few epochs: the steps roll over epochs at the same points
+        single, *per_rank = next(one), *(next(r) for r in ranks)
+        for step in per_rank:
+            assert (step.epoch, step.batch, step.n_tokens) == (single.epoch, single.batch, single.n_tokens)
+        # Rank r trains on the r-th, (r + 2)-th, ... of the step's batches; together, exactly the step's batches.
+        assert [b.src.tolist() for b in single.group] == [
+            per_rank[i % 2].group[i // 2].src.tolist() for i in range(4)]
+        assert single.n_tokens == sum(b.n_tgt_tokens for b in single.group)
+    assert single.epoch >= 2
+
+
+def test_target_tokens_are_counted_from_the_lengths_as_collate_counts_them(prepared):
+    split = Split(prepared, "train")
+    for max_len in (32, 6):  # 6: most targets are cut to fit
+        for indices in np.array_split(np.arange(len(split)), 20):
+            assert target_tokens(split.tgt_lens, indices, max_len) == collate(split, indices, max_len).n_tgt_tokens
+
+
+def test_prefetch_keeps_the_order_and_raises_the_producers_error():
+    def items():
+        yield from range(5)
+        raise ValueError("bad batch")
+
+    prefetch = Prefetch(items(), depth=2)
+    assert [prefetch.next() for _ in range(5)] == list(range(5))
+    with pytest.raises(ValueError, match="bad batch"):
+        prefetch.next()
+    prefetch.close()
+
+
+# ---------------------------------------------------------------------------------------------- two processes
+
+# Runs `mt train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only shows rank
+# 0's. The recorded model is the one the training step was given (the DDP wrapper).
+RUNNER = """
+import os, sys, torch
+import mt.train
+from mt.cli import app
+
+models = []
+real_step = mt.train.train_step
+
+def recording_step(model, *args):
+    models[:] = [model]
+    return real_step(model, *args)
+
+mt.train.train_step = recording_step
+try:
+    app(sys.argv[2:], prog_name="mt")
+except SystemExit as e:
+    code = e.code
+torch.save(models[0].module.state_dict(), os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pt"))
+sys.exit(code)
+"""
+
+
+def log_records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def assert_close_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name, tensor in a.items():
+        torch.testing.assert_close(tensor, b[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@needs_gloo
+def test_two_processes_train_as_one_with_the_same_effective_batch(prepared, tmp_path):
+    # One process, accumulate 4: 8 steps, a checkpoint at step 4.
+    straight = tmp_path / "straight"
+    train(config(prepared, accumulate=4, max_steps=8, valid_every=4), straight, progress=False)
+
+    # Two processes, accumulate 2 each: the same 4 batches a step.
+    run, ranks = tmp_path / "ddp", tmp_path / "ranks"
+    ranks.mkdir()
+    (tmp_path / "runner.py").write_text(RUNNER, encoding="utf-8")
+    (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(to_dict(config(prepared, accumulate=2, max_steps=4,
+                                                                       valid_every=4))), encoding="utf-8")
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(tmp_path / "runner.py"), str(ranks), "train", str(tmp_path / "ddp.yaml"),
+                             "--out", str(run)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr
+
+    # The ranks end with identical weights, which are the ones rank 0 saved.
+    rank0, rank1 = (torch.load(ranks / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    ddp_last = checkpoint.load(run / "last.pt")
+    for name, tensor in rank0.items():
+        assert torch.equal(tensor, rank1[name]) and torch.equal(tensor, ddp_last["model"][name]), name
+    # ... and match one process's after the same steps; so does the logged loss per token.
+    assert ddp_last["step"] == 4
+    assert_close_weights(ddp_last["model"], checkpoint.load(straight / "checkpoint-4.pt")["model"])
+    logged = {r["step"]: r["loss"] for r in log_records(run) if "loss" in r}
+    expected = {r["step"]: r["loss"] for r in log_records(straight) if "loss" in r and r["step"] <= 4}
+    assert logged == pytest.approx(expected, rel=1e-5)
+    # Only rank 0 speaks and writes: one start line, one log line per interval.
+    assert result.stderr.count("model: ") == 1 and "× 2 processes" in result.stderr
+    assert [r["step"] for r in log_records(run)] == [2, 4, 4]  # two intervals, one validation
+
+    # The data position is global: one process resumes the two processes' run and ends where `straight` did.
+    train(resume_config(run, ["train.accumulate=4", "train.max_steps=8"]), run, resume=True, progress=False)
+    assert_close_weights(checkpoint.load(run / "last.pt")["model"], checkpoint.load(straight / "last.pt")["model"])
+    epochs = [r["epoch"] for r in log_records(straight)]
+    assert epochs[-1] > epochs[0], "the 8 steps should cross an epoch boundary"
+
