@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models and the real Multi30k mirror (tests that need it skip where it is absent)."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,38 @@ def loaded(tokenizer):
 
     model = tiny_model(vocab=tokenizer.vocab_size)
     return Loaded(model, Config(model=model.cfg), tokenizer, tokenizer, {})
+
+
+LEXICON = dict(zip("der die das hund katze baum rot blau sitzt läuft unter auf groß klein".split(),
+                   "the the the dog cat tree red blue sits runs under on big small".split(), strict=True))
+
+
+def write_corpus(root: Path, lexicon: dict[str, str] = LEXICON, seed: int = 0, n_train: int = 400,
+                 n_valid: int = 20) -> Path:
+    """train.de/.en and valid.de/.en: random word strings and their word-for-word 'translation'."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        pairs = [[rng.choice(list(lexicon)) for _ in range(rng.randint(2, 8))] for _ in range(n)]
+        (root / f"{split}.de").write_text("".join(" ".join(p) + "\n" for p in pairs), encoding="utf-8")
+        (root / f"{split}.en").write_text("".join(" ".join(lexicon[w] for w in p) + "\n" for p in pairs),
+                                          encoding="utf-8")
+    return root
+
+
+def prepare_corpus(root: Path, **sizes) -> Path:
+    """A small synthetic de→en corpus written by `write_corpus` and prepared by the real `prepare`."""
+    from mt.prepare import prepare
+
+    write_corpus(root, **sizes)
+    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
+            progress=False)
+    return root / "data"
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """`train` sets torch's thread count for the whole process; give the other tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -4,7 +4,6 @@ identical weights; the data position is global, so a run resumes with another nu
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,9 @@ import yaml
 from mt import checkpoint
 from mt.config import Config, ModelConfig, to_dict
 from mt.data import Split, collate
-from mt.prepare import prepare
 from mt.train import Prefetch, resume_config, step_batches, target_tokens, train
+
+from .conftest import prepare_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
@@ -28,27 +28,7 @@ needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
-    """A small synthetic de→en corpus (a word-for-word 'translation'), prepared by the real `prepare`."""
-    root = tmp_path_factory.mktemp("corpus")
-    lexicon = dict(zip("der die das hund katze baum rot blau sitzt läuft unter auf groß klein".split(),
-                       "the the the dog cat tree red blue sits runs under on big small".split(), strict=True))
-    rng = random.Random(0)
-    for split, n in (("train", 400), ("valid", 10)):
-        pairs = [[rng.choice(list(lexicon)) for _ in range(rng.randint(2, 8))] for _ in range(n)]
-        (root / f"{split}.de").write_text("".join(" ".join(p) + "\n" for p in pairs), encoding="utf-8")
-        (root / f"{split}.en").write_text("".join(" ".join(lexicon[w] for w in p) + "\n" for p in pairs),
-                                          encoding="utf-8")
-    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
-            progress=False)
-    return root / "data"
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """`train` sets torch's thread count for the whole process; give the other test modules theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"), n_valid=10)
 
 
 def config(data: Path, **train_changes) -> Config:

@@ -7,7 +7,6 @@ real Typer app in-process with `CliRunner`, which exercises the same code withou
 """
 
 import json
-import random
 import shutil
 import signal
 import subprocess
@@ -31,31 +30,12 @@ from mt.prepare import prepare
 from mt.tokenizer import Tokenizer
 from mt.train import TrainError, resume_config, same_pieces, train
 
-from .conftest import tiny_model
+from .conftest import LEXICON, prepare_corpus, tiny_model, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `python -m mt` from the source tree
-LEXICON = dict(zip("der die das hund katze baum rot blau sitzt läuft unter auf groß klein".split(),
-                   "the the the dog cat tree red blue sits runs under on big small".split(), strict=True))
-
-
-def write_corpus(root: Path, lexicon: dict[str, str], seed: int = 0) -> Path:
-    """train.de/.en and valid.de/.en: random word strings and their word-for-word 'translation'."""
-    rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 300), ("valid", 10)):
-        pairs = [[rng.choice(list(lexicon)) for _ in range(rng.randint(2, 8))] for _ in range(n)]
-        (root / f"{split}.de").write_text("".join(" ".join(p) + "\n" for p in pairs), encoding="utf-8")
-        (root / f"{split}.en").write_text("".join(" ".join(lexicon[w] for w in p) + "\n" for p in pairs),
-                                          encoding="utf-8")
-    return root
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    root = write_corpus(tmp_path_factory.mktemp("corpus"), LEXICON)
-    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
-            progress=False)
-    return root / "data"
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"), n_train=300, n_valid=10)
 
 
 def config(data: Path, **train_changes) -> Config:
@@ -68,14 +48,6 @@ def config(data: Path, **train_changes) -> Config:
     for key, value in train_changes.items():
         setattr(t, key, value)
     return cfg
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """`train` sets torch's thread count for the whole process; give the other test modules theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +329,7 @@ def test_config_mistakes_are_one_line_errors_and_start_no_run(data, tmp_path, ya
 def test_resuming_on_data_with_another_vocabulary_is_refused(data, straight, tmp_path):
     # Same vocabulary size, different pieces: the ids would silently mean other words.
     other = {f"x{de}": f"y{en}" for de, en in LEXICON.items()}
-    root = write_corpus(tmp_path / "other", other, seed=1)
+    root = write_corpus(tmp_path / "other", other, seed=1, n_train=300, n_valid=10)
     prepare(root / "data", "de", "en", train=str(root / "train"), vocab_size=40, progress=False)
     assert Tokenizer.load(root / "data" / "spm.model").vocab_size == Tokenizer.load(data / "spm.model").vocab_size
     run = tmp_path / "run"

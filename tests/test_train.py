@@ -9,6 +9,8 @@ from mt.search import greedy
 from mt.tokenizer import BOS, EOS, PAD
 from mt.train import label_smoothed_loss, learning_rate, train_step
 
+from .conftest import prepare_corpus
+
 
 def test_learning_rate_warms_up_then_decays_as_inverse_sqrt():
     peak, warmup = 1e-3, 100
@@ -62,23 +64,7 @@ def test_tiny_model_learns_to_copy():
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """A small synthetic de→en corpus (a word-for-word 'translation'), prepared by the real `prepare`."""
-    import random
-
-    from mt.prepare import prepare
-
-    root = tmp_path_factory.mktemp("corpus")
-    lexicon = dict(zip("der die das hund katze baum rot blau sitzt läuft unter auf groß klein".split(),
-                       "the the the dog cat tree red blue sits runs under on big small".split(), strict=True))
-    rng = random.Random(0)
-    for split, n in (("train", 400), ("valid", 20)):
-        pairs = [[rng.choice(list(lexicon)) for _ in range(rng.randint(2, 8))] for _ in range(n)]
-        (root / f"{split}.de").write_text("".join(" ".join(p) + "\n" for p in pairs), encoding="utf-8")
-        (root / f"{split}.en").write_text("".join(" ".join(lexicon[w] for w in p) + "\n" for p in pairs),
-                                          encoding="utf-8")
-    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
-            progress=False)
-    return root / "data"
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def small_config(data, **train_changes):
