@@ -109,7 +109,8 @@ def train(
         fail(str(e), code=130)
     except user_errors() as e:
         fail(str(e))
-    typer.echo(f"done: {out}/best.pt" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, not one per process
+        typer.echo(f"done: {out}/best.pt" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
 
 
 @app.command()
