@@ -8,7 +8,7 @@ export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 DATA   := data/prepared/multi30k_de_en
 RUN    := runs/demo
 
-.PHONY: install test demo bench bench-compare lint clean
+.PHONY: install test demo recipe bench bench-compare lint clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,25 @@ demo: install
 	$(BIN)/mt train configs/demo.yaml --out $(RUN) --set data=$(DATA)
 	$(BIN)/mt evaluate --checkpoint $(RUN)/best.pt --src $(DATA)/test.src.txt --ref $(DATA)/test.tgt.txt
 	@echo "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche." | $(BIN)/mt translate --checkpoint $(RUN)/best.pt
+
+# A results recipe, NAME=CORPUS_SRC_TGT with configs/NAME.yaml (e.g. NAME=multi30k_en_de): prepare, train (or
+# continue an interrupted run), average the last checkpoints, choose beam and length penalty on valid, report on
+# test. Leaves runs/NAME/final.pt and runs/NAME/report.json. SEED=N trains with another seed into runs/NAME_sN.
+NAME   ?= multi30k_de_en
+SEED   ?= 1
+AVERAGE ?= 8
+LANGS  = $(subst _, ,$(NAME))
+RECIPE_RUN = runs/$(NAME)$(if $(filter-out 1,$(SEED)),_s$(SEED))
+
+recipe: install
+	@test -f configs/$(NAME).yaml || { echo "no configs/$(NAME).yaml"; exit 2; }
+	test -f data/prepared/$(NAME)/meta.json || $(BIN)/mt prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
+		--tgt $(word 3,$(LANGS)) --out data/prepared/$(NAME)
+	if [ -f $(RECIPE_RUN)/last.pt ]; then $(BIN)/mt train --resume --out $(RECIPE_RUN); \
+	else $(BIN)/mt train configs/$(NAME).yaml --out $(RECIPE_RUN) --set train.seed=$(SEED); fi
+	$(BIN)/mt average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
+	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
+	$(BIN)/mt report $(RECIPE_RUN)
 
 # The standard grid, one process per setting; rewrites the README's benchmark table.
 bench: install

@@ -139,6 +139,7 @@ def translate(
     import torch
 
     from mt.checkpoint import load_model
+    from mt.evaluate import write_lines
     from mt.train import pick_device
     from mt.translate import PRECISIONS, Options, for_inference, translate_stream
 
@@ -188,9 +189,9 @@ def translate(
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
         else:
-            write_atomic(output, results)
+            write_lines(output, results)
         if alignments is not None:
-            write_atomic(alignments, aligned)
+            write_lines(alignments, aligned)
     except UnicodeDecodeError as e:
         fail(f"{input or 'stdin'}: not valid UTF-8 ({e.reason}); fix the input or pass --encoding-errors replace")
     finally:
@@ -229,6 +230,86 @@ def evaluate(
     typer.echo(render(report, json_))
 
 
+@app.command()
+def average(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with checkpoint-STEP.pt files (train.keep_checkpoints).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write.")],
+    last: Annotated[int, typer.Option(help="Average the N newest checkpoints.")] = 0,
+    best: Annotated[int, typer.Option(help="Average the N with the best validation BLEU.")] = 0,
+) -> None:
+    """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
+    from mt.average import average_run
+
+    try:
+        state = average_run(run_dir, out, last=last, best=best)
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
+
+
+@app.command()
+def tune(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint to tune.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode defaults (may be --checkpoint itself).")],
+    src: Annotated[Path | None, typer.Option("--src", "-s", help="Held-out source sentences [default: the prepared valid split].")] = None,
+    ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
+    beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = "1,5",
+    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = "0.6,0.8,1.0,1.2,1.5",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
+    from mt.checkpoint import load_model
+    from mt.evaluate import read_text
+    from mt.train import pick_device
+    from mt.tune import save_tuned
+    from mt.tune import tune as run
+
+    try:
+        beam_list = tuple(int(b) for b in beams.split(","))
+        penalty_list = tuple(float(a) for a in len_penalties.split(","))
+    except ValueError:
+        fail(f"--beams {beams!r} / --len-penalties {len_penalties!r}: expected comma-separated numbers, e.g. 1,5")
+    if min(beam_list) < 1:
+        fail(f"--beams {beams}: beam sizes must be at least 1")
+    try:
+        dev = pick_device(device)
+        loaded = load_model(checkpoint, dev)
+        data = Path(loaded.config.data)
+        sources, refs = read_text(src or data / "valid.src.txt"), read_text(ref or data / "valid.tgt.txt")
+        if len(sources) != len(refs):
+            fail(f"the source has {len(sources)} lines but the references {len(refs)}; they must be line-aligned")
+        results = run(loaded, sources, refs, dev, beam_list, penalty_list, progress=not quiet)
+        save_tuned(loaded, results[0], results, out)
+    except user_errors() as e:
+        fail(str(e))
+    for r in results:
+        typer.echo(f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}  BLEU {r['bleu']:6.2f}")
+    typer.echo(f"{out}: decodes with beam {results[0]['beam']}, len_penalty {results[0]['len_penalty']}")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory (for its training time and steps).")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: RUN_DIR/final.pt].")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Score a run's final checkpoint on its test split (BLEU cased and lowercased, chrF, TER, signatures) and
+    write RUN_DIR/report.json."""
+    import json
+
+    from mt.report import recipe_report, write_report
+    from mt.train import pick_device
+
+    checkpoint = checkpoint or run_dir / "final.pt"
+    try:
+        result = recipe_report(run_dir, checkpoint, pick_device(device))
+        write_report(result, run_dir / "report.json")
+    except user_errors() as e:
+        fail(str(e))
+    typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+
+
 def check_attention_options(nbest: int, layer: int | None, head: int | None, n_layers: int, n_heads: int) -> None:
     if nbest > 1:
         fail("--attention and --alignments show the best translation only; drop --nbest")
@@ -250,18 +331,6 @@ def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -
     loaded = load_model(checkpoint, dev)
     opts = Options.from_config(loaded.config.decode, beam=beam)
     return list(translate_stream(loaded, read_text(src), opts, dev))
-
-
-def write_atomic(path: Path, lines) -> None:
-    """Write lines to a temporary file beside `path` and rename it into place when complete."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            for line in lines:
-                f.write(line + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @app.command()

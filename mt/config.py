@@ -57,7 +57,9 @@ class TrainConfig:
     valid_every: int = 1000  # steps between validations (and checkpoints)
     keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
     max_bad_steps: int = 10  # non-finite steps in a row (each skipped) before training stops as diverged
-    valid_bleu: bool = True  # decode the validation set (greedy) and compute BLEU at each validation
+    valid_bleu: bool = True  # decode the validation set and compute BLEU at each validation
+    valid_beam: int = 1  # beam size of that decoding (1: greedy, the fastest); length penalty from decode
+    patience: int = 0  # stop after this many validations in a row without a new best score; 0: never
     log_every: int = 100
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -144,7 +146,7 @@ def validate(cfg: Config) -> None:
     positive = {
         "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.max_len": m.max_len,
         "train.max_tokens": t.max_tokens, "train.accumulate": t.accumulate, "train.valid_every": t.valid_every,
-        "train.log_every": t.log_every, "decode.beam": d.beam, "decode.batch_tokens": d.batch_tokens,
+        "train.log_every": t.log_every, "train.valid_beam": t.valid_beam, "decode.beam": d.beam, "decode.batch_tokens": d.batch_tokens,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -153,6 +155,8 @@ def validate(cfg: Config) -> None:
                        "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing}.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key}={value}: must be in [0, 1)")
+    if t.patience < 0:
+        raise ConfigError(f"train.patience={t.patience}: must be 0 (never stop early) or more")
     if t.lr <= 0:
         raise ConfigError(f"train.lr={t.lr}: must be positive")
 

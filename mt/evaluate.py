@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -48,6 +50,19 @@ def read_text(path: str | Path) -> list[str]:
         raise EvaluateError(f"{path}, line {line}: not valid UTF-8; convert the file to UTF-8") from None
     lines = [line.rstrip("\r") for line in text.split("\n")]
     return lines[:-1] if lines[-1] == "" else lines  # a final newline ends the last line, not a new one
+
+
+def write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write lines to a temporary file beside `path` and rename it into place when complete."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(line + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def score_files(hyp: str | Path, ref: str | Path, lowercase: bool = False) -> dict:

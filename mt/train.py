@@ -74,6 +74,7 @@ class Position:
     epoch: int = 0
     batch: int = 0
     elapsed: float = 0.0  # seconds of training before this process started
+    stale: int = 0  # validations in a row without a new best score (for train.patience)
 
 
 def learning_rate(step: int, peak: float, warmup: int) -> float:
@@ -255,9 +256,11 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             metrics["elapsed"] = pos.elapsed + time.time() - started
             score = metrics.get("valid_bleu", -metrics.get("valid_loss", 0.0))
             if score > best_bleu or valid_split is None:
-                best_bleu = score
+                best_bleu, pos.stale = score, 0
                 checkpoint.save(snapshot(metrics), out_dir / "best.pt")
                 metrics["best"] = True
+            else:
+                pos.stale += 1
             save_last(metrics)
             record(metrics)
             say(" · ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
@@ -315,6 +318,10 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             if applied and pos.step % t.valid_every == 0:
                 metrics, validated = validate_and_save(), pos.step
                 forward.train()
+                if t.patience and not halt:
+                    halt = distributed.agree_max(STOP_TIME if main and pos.stale >= t.patience else 0)
+                    if halt:
+                        say(f"early stop: no better validation score in the last {t.patience} validations")
             if halt == STOP_SIGNAL:
                 check_finite()
                 if main:
@@ -569,7 +576,8 @@ class Prefetch:
 @torch.inference_mode()
 def validation_metrics(model: Transformer, split: Split, refs: list[str], tgt_tok: Tokenizer, cfg: Config,
              device: torch.device, amp_dtype: torch.dtype | None) -> dict:
-    """Validation loss (per target token, label smoothing off) and greedy BLEU against the raw references."""
+    """Validation loss (per target token, label smoothing off) and BLEU (of greedy decoding, or beam search with
+    `train.valid_beam` > 1) against the raw references."""
     model.eval()
     lengths = [max(s, t) + 1 for s, t in zip(split.src_lens, split.tgt_lens, strict=True)]
     loss, tokens = 0.0, 0
@@ -582,7 +590,7 @@ def validation_metrics(model: Transformer, split: Split, refs: list[str], tgt_to
     metrics = {"valid_loss": loss / tokens, "valid_ppl": math.exp(min(loss / tokens, 50.0))}
     if cfg.train.valid_bleu:
         srcs = [split.src(i)[:cfg.model.max_len - 1].tolist() for i in range(len(split))]
-        opts = Options.from_config(cfg.decode, beam=1)
+        opts = Options.from_config(cfg.decode, beam=cfg.train.valid_beam)
         hyps = translate_ids(model, srcs, opts, device)
         texts = tgt_tok.decode([h[0].tokens for h in hyps])
         metrics["valid_bleu"] = sacrebleu.corpus_bleu(texts, [refs]).score

@@ -66,6 +66,20 @@ def test_prepare_train_translate_evaluate(mirror, tmp_path):
     resumed = mt("train", "--resume", "--out", run, "--set", "train.max_steps=60", "--quiet", check=False)
     assert resumed.returncode == 0, resumed.stderr
 
+    # The recipe's last steps: average, choose the decoder on valid, report on test.
+    averaged = mt("average", run, "--last", 2, "--out", run / "final.pt")
+    assert "steps 40, 60" in averaged.stdout
+    tuned = mt("tune", "--checkpoint", run / "final.pt", "--out", run / "final.pt", "--beams", "1,2",
+               "--len-penalties", "0.6,1.0", "--quiet").stdout.splitlines()
+    assert len(tuned) == 4  # greedy once, beam 2 with each penalty, and the choice
+    report = json.loads(mt("report", run).stdout)
+    assert report == json.loads((run / "report.json").read_text())
+    assert report["steps"] == 60 and report["test"]["sentences"] == 50 and report["averaged_steps"] == [40, 60]
+    assert report["bleu_lc"] >= report["bleu"] and "case:lc" in report["signatures"]["bleu_lc"]
+    best = tuned[0].split()  # "beam B  len_penalty A  BLEU X", best first
+    assert report["decode"] == {"beam": int(best[1]), "len_penalty": float(best[3])}
+    assert len((run / "test.hyp.txt").read_text(encoding="utf-8").splitlines()) == 50
+
 
 def test_bad_input_is_a_one_line_error_with_exit_code_2(tmp_path):
     (tmp_path / "a.de").write_text("eins\nzwei\n")

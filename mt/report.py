@@ -1,0 +1,60 @@
+"""The report of a finished recipe run: test scores (cased and lowercased), training time and model size.
+
+`make recipe NAME=...` ends with `mt report`: it translates the prepared test split with the final checkpoint,
+scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`,
+and writes `report.json` beside the checkpoint, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mt import checkpoint
+from mt.checkpoint import load_model
+from mt.evaluate import read_text, score, write_lines
+from mt.model import count_parameters
+from mt.translate import Options, translate_stream
+
+
+def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) -> dict[str, Any]:
+    """Score `final` on the test split of the data it was trained on; training facts from `run_dir/last.pt`."""
+    run_dir = Path(run_dir)
+    loaded = load_model(final, device)
+    data_dir = Path(loaded.config.data)
+    sources, refs = read_text(data_dir / "test.src.txt"), read_text(data_dir / "test.tgt.txt")
+    hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
+    write_lines(run_dir / "test.hyp.txt", hyps)
+    cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
+    last = checkpoint.load(run_dir / checkpoint.LAST)
+    position = last["train"]["position"]
+    metrics = loaded.state.get("metrics") or {}
+    tuned = metrics.get("tuned") or [{}]
+    return {
+        "run": str(run_dir),
+        "checkpoint": str(final),
+        "languages": loaded.state.get("langs"),
+        "test": {"sentences": len(refs), "source": str(data_dir / "test.src.txt"),
+                 "reference": str(data_dir / "test.tgt.txt")},
+        "bleu": cased["bleu"]["score"],
+        "bleu_lc": lower["bleu"]["score"],
+        "chrf": cased["chrf"]["score"],
+        "ter": cased["ter"]["score"],
+        "signatures": {"bleu": cased["bleu"]["signature"], "bleu_lc": lower["bleu"]["signature"],
+                       "chrf": cased["chrf"]["signature"], "ter": cased["ter"]["signature"]},
+        "train_minutes": round(position["elapsed"] / 60, 1),
+        "steps": position["step"],
+        "epochs": position["epoch"],
+        "parameters": count_parameters(loaded.model),
+        "averaged_steps": metrics.get("averaged_steps"),
+        "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty},
+        "valid_bleu": tuned[0].get("bleu"),
+        "seed": loaded.config.train.seed,
+    }
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> None:
+    write_lines(Path(path), [json.dumps(report, indent=2, ensure_ascii=False)])
