@@ -51,13 +51,14 @@ def prepare(
     src: Annotated[str, typer.Option(help="Source language code.")] = "de",
     tgt: Annotated[str, typer.Option(help="Target language code.")] = "en",
     out: Annotated[Path | None, typer.Option(help="Output directory [default: data/prepared/CORPUS_SRC_TGT].")] = None,
-    train: Annotated[str | None, typer.Option(help="Training data: PREFIX (PREFIX.SRC/.TGT, .gz ok), a .tsv or .jsonl file, or hf:NAME:CONFIG.")] = None,
+    train: Annotated[str | None, typer.Option(help="Training data: PREFIX (PREFIX.SRC/.TGT, .gz ok), a .tsv, .jsonl, .csv or .parquet file, or hf:NAME:CONFIG.")] = None,
     valid: Annotated[str | None, typer.Option(help="Validation data, same forms as --train.")] = None,
     test: Annotated[str | None, typer.Option(help="Test data, same forms as --train.")] = None,
     mirror: Annotated[Path | None, typer.Option(help="Local mirror of named corpora [default: $MT_MIRROR].")] = None,
     vocab_size: Annotated[int, typer.Option(help="SentencePiece vocabulary size.")] = 8000,
     separate_vocab: Annotated[bool, typer.Option(help="One SentencePiece model per language instead of a joint one.")] = False,
     model_type: Annotated[str, typer.Option(help="SentencePiece model type: unigram or bpe.")] = "unigram",
+    spm_sentences: Annotated[int, typer.Option(help="Train SentencePiece on a random sample of at most this many lines (bounds its memory on big corpora).")] = 1_000_000,
     max_words: Annotated[int, typer.Option(help="Drop training pairs with more words on either side.")] = 250,
     max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 9.0,
     max_tokens: Annotated[int, typer.Option(help="Drop training pairs with more pieces on either side.")] = 254,
@@ -74,7 +75,8 @@ def prepare(
     out = out or Path("data/prepared") / f"{corpus or Path(train).stem}_{src}_{tgt}"
     try:
         meta = run(out, src, tgt, corpus=corpus, train=train, valid=valid, test=test, mirror=mirror,
-                   vocab_size=vocab_size, joint=not separate_vocab, model_type=model_type, max_words=max_words,
+                   vocab_size=vocab_size, joint=not separate_vocab, model_type=model_type,
+                   spm_sentences=spm_sentences, max_words=max_words,
                    max_ratio=max_ratio, max_tokens=max_tokens, dedup=dedup, encoding_errors=encoding_errors,
                    progress=not quiet)
     except user_errors() as e:

@@ -196,7 +196,38 @@ class HfDataset:
         return {"format": "hf", "name": self.name, "config": self.config, "split": self.split}
 
 
-Source = TextFiles | TsvFile | JsonlFile | HfDataset
+@dataclass(frozen=True)
+class TableFile:
+    """A Parquet or CSV file with one column per language code (or a "translation" column of {lang: text}),
+    streamed through `datasets`, so a file of any size is read a batch of rows at a time."""
+
+    path: Path
+    kind: str  # "parquet" or "csv": the `datasets` builder
+    src: str
+    tgt: str
+
+    def read(self, encoding_errors: str = "strict") -> Iterator[tuple[str, str]]:
+        """`encoding_errors` applies to CSV; Parquet stores its text as UTF-8 already."""
+        import datasets
+
+        try:
+            # CSV cells stay text: no numbers inferred from "42", no NaN for an empty cell (cleaning counts those).
+            options = {"converters": {self.src: str, self.tgt: str}, "na_filter": False,
+                       "encoding_errors": encoding_errors} if self.kind == "csv" else {}
+            rows = datasets.load_dataset(self.kind, data_files=str(self.path), split="train", streaming=True,
+                                         **options)
+            for i, row in enumerate(rows, 1):
+                yield pair_from_row(row, self.src, self.tgt, f"{self.path} row {i}")
+        except CorpusError:
+            raise
+        except Exception as e:  # pyarrow and pandas errors for a file that is not what its name says
+            raise CorpusError(f"{self.path}: cannot read as {self.kind} ({type(e).__name__}: {e})") from None
+
+    def describe(self) -> dict:
+        return {"format": self.kind, "path": str(self.path)}
+
+
+Source = TextFiles | TsvFile | JsonlFile | TableFile | HfDataset
 
 
 def pair_from_row(row: object, src: str, tgt: str, where: str) -> tuple[str, str]:
@@ -221,8 +252,8 @@ _HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 def find_source(spec: str, src: str, tgt: str, split: str) -> Source:
     """Resolve a user's corpus spec for one split; fails now, not mid-read, when a file is missing.
 
-    `spec` is `hf:NAME[:CONFIG[:SPLIT]]`, a `.tsv`/`.jsonl` file (optionally `.gz`), or else a path prefix to
-    which `.{src}` and `.{tgt}` are appended. `split` (train/valid/test) only matters for `hf:` specs.
+    `spec` is `hf:NAME[:CONFIG[:SPLIT]]`, a `.tsv`/`.jsonl`/`.csv` file (optionally `.gz`), a `.parquet` file,
+    or else a path prefix to which `.{src}` and `.{tgt}` are appended. `split` (train/valid/test) only matters for `hf:` specs.
     """
     if split not in SPLITS:
         raise CorpusError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
@@ -233,11 +264,15 @@ def find_source(spec: str, src: str, tgt: str, split: str) -> Source:
         name, config, hf_split = (parts + [None, None])[:3]
         return HfDataset(name, config or None, hf_split or _HF_SPLITS[split], src, tgt)
     path = Path(spec).expanduser()
-    suffixes = path.name.removesuffix(".gz")
-    if suffixes.endswith(".tsv") or suffixes.endswith(".jsonl"):
+    kind = Path(path.name.removesuffix(".gz")).suffix
+    if kind in (".tsv", ".jsonl", ".csv", ".parquet"):
         if not path.is_file():
             raise CorpusError(f"{path}: no such file")
-        return TsvFile(path) if suffixes.endswith(".tsv") else JsonlFile(path, src, tgt)
+        if kind == ".tsv":
+            return TsvFile(path)
+        if kind == ".jsonl":
+            return JsonlFile(path, src, tgt)
+        return TableFile(path, kind[1:], src, tgt)
     return TextFiles(_language_file(path, src), _language_file(path, tgt))
 
 

@@ -83,6 +83,8 @@ def prepare(
         raise CorpusError(
             f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
         )
+    if spm_sentences < 1:
+        raise CorpusError(f"spm_sentences={spm_sentences}: SentencePiece needs at least one sentence to sample")
     if corpus is None and train is None:
         raise CorpusError("no training data: name a corpus (e.g. multi30k) or give a train spec")
     _check_replaceable(out_dir)
@@ -303,39 +305,51 @@ def _encode_split(
 
 
 class _IdsWriter:
-    """Appends sentences to `{stem}.ids.npy` / `{stem}.offsets.npy` a chunk at a time.
+    """Appends sentences to `{stem}.ids.npy` / `{stem}.offsets.npy` a chunk at a time, in bounded memory.
 
-    A .npy header states the array's length, unknown until the end, so ids are appended to a raw `.part` file
-    and copied behind the header by `close()`. Only one int64 length per sentence stays in memory.
+    A .npy header states the array's length, unknown until the end, so ids and sentence lengths are appended to
+    raw `.part` files, and `close()` writes the headers and copies the ids, and the lengths' running sum, behind
+    them a block at a time. Nothing grows with the corpus but the files.
     """
 
     def __init__(self, stem: Path, vocab_size: int):
         self.stem = stem
         self.dtype = np.dtype("<u2") if vocab_size < 2**16 else np.dtype("<i4")
-        self.part = stem.with_name(f"{stem.name}.ids.part")
-        self.part.write_bytes(b"")
-        self.lengths: list[np.ndarray] = []
+        self.ids_part = stem.with_name(f"{stem.name}.ids.part")
+        self.lengths_part = stem.with_name(f"{stem.name}.lengths.part")
+        self.ids_part.write_bytes(b"")
+        self.lengths_part.write_bytes(b"")
+        self.sentences = self.tokens = 0
 
     def write(self, sentences: list[list[int]]) -> None:
-        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-        ids = np.fromiter(
-            itertools.chain.from_iterable(sentences), dtype=self.dtype, count=int(lengths.sum())
-        )
-        with open(self.part, "ab") as f:
+        lengths = np.fromiter((len(s) for s in sentences), dtype="<i8", count=len(sentences))
+        ids = np.fromiter(itertools.chain.from_iterable(sentences), dtype=self.dtype, count=int(lengths.sum()))
+        with open(self.ids_part, "ab") as f:
             f.write(ids.tobytes())
-        self.lengths.append(lengths)
+        with open(self.lengths_part, "ab") as f:
+            f.write(lengths.tobytes())
+        self.sentences += len(sentences)
+        self.tokens += len(ids)
 
     def close(self) -> tuple[int, int]:
         """Write both .npy files; returns (sentences, tokens)."""
-        offsets = np.concatenate([np.zeros(1, dtype=np.int64), *self.lengths]).cumsum()
-        header = {
-            "descr": np.lib.format.dtype_to_descr(self.dtype),
-            "fortran_order": False,
-            "shape": (int(offsets[-1]),),
-        }
-        with open(self.stem.with_name(f"{self.stem.name}.ids.npy"), "wb") as f, open(self.part, "rb") as part:
-            np.lib.format.write_array_header_1_0(f, header)
+        with open(self.stem.with_name(f"{self.stem.name}.ids.npy"), "wb") as f, open(self.ids_part, "rb") as part:
+            _write_header(f, self.dtype, self.tokens)
             shutil.copyfileobj(part, f)
-        self.part.unlink()
-        np.save(self.stem.with_name(f"{self.stem.name}.offsets.npy"), offsets)
-        return len(offsets) - 1, int(offsets[-1])
+        with (open(self.stem.with_name(f"{self.stem.name}.offsets.npy"), "wb") as f,
+              open(self.lengths_part, "rb") as part):
+            _write_header(f, np.dtype("<i8"), self.sentences + 1)
+            total = np.zeros(1, dtype="<i8")
+            f.write(total.tobytes())  # offsets[0]
+            while block := part.read(8 * CHUNK_LINES * 10):
+                offsets = np.frombuffer(block, dtype="<i8").cumsum() + total[0]
+                f.write(offsets.tobytes())
+                total[0] = offsets[-1]
+        self.ids_part.unlink()
+        self.lengths_part.unlink()
+        return self.sentences, self.tokens
+
+
+def _write_header(f, dtype: np.dtype, length: int) -> None:
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (length,)}
+    np.lib.format.write_array_header_1_0(f, header)

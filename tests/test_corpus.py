@@ -11,6 +11,7 @@ from mt.corpus import (
     CorpusError,
     HfDataset,
     JsonlFile,
+    TableFile,
     TextFiles,
     TsvFile,
     clean_pairs,
@@ -115,6 +116,25 @@ def test_hf_dataset_from_a_local_directory(tmp_path, monkeypatch):
         read(f"hf:{data}", split="test")
     with pytest.raises(CorpusError, match="no 'fr' key"):
         list(read_pairs(find_source(f"hf:{data}", "de", "fr", "train")))
+
+
+def test_parquet_and_csv_are_streamed_through_datasets(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    pq.write_table(pa.table({"de": ["Hallo", " Welt "], "en": ["Hello", "World"]}), tmp_path / "c.parquet")
+    assert read(str(tmp_path / "c.parquet")) == [("Hallo", "Hello"), ("Welt", "World")]
+    write(tmp_path / "c.csv", 'en,de\nHello,Hallo\n"Yes, world",Ja\n42,42\n,leer\n')
+    assert find_source(str(tmp_path / "c.csv"), "de", "en", "train") == TableFile(tmp_path / "c.csv", "csv",
+                                                                                  "de", "en")
+    assert read(str(tmp_path / "c.csv")) == [("Hallo", "Hello"), ("Ja", "Yes, world"), ("42", "42"), ("leer", "")]
+    with pytest.raises(CorpusError, match=r"c.csv row 1: no 'fr' key"):
+        list(read_pairs(find_source(str(tmp_path / "c.csv"), "de", "fr", "train")))
+    write(tmp_path / "bad.parquet", "not parquet\n")
+    with pytest.raises(CorpusError, match=r"bad.parquet: cannot read as parquet"):
+        read(str(tmp_path / "bad.parquet"))
 
 
 # ---------------------------------------------------------------------------------------------- robustness
