@@ -49,7 +49,8 @@ def run_prepare(prefix: Path, out: Path, src: str, tgt: str) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"mt prepare failed on {prefix}")
     meta = json.loads((out / "meta.json").read_text())
-    return {"seconds": round(seconds, 1), "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+    return {"seconds": round(seconds, 1), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
             "kept": meta["cleaning"]["kept"], "summary": summary.strip().splitlines()[:2]}
 
 
