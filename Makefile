@@ -42,9 +42,11 @@ RECIPE_RUN = runs/$(NAME)$(if $(filter-out 1,$(SEED)),_s$(SEED))
 
 recipe: install
 	@test -f configs/$(NAME).yaml || { echo "no configs/$(NAME).yaml"; exit 2; }
+	@test -z "$(word 4,$(LANGS))" -a -n "$(word 3,$(LANGS))" || \
+		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de)"; exit 2; }
 	test -f data/prepared/$(NAME)/meta.json || $(BIN)/mt prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
 		--tgt $(word 3,$(LANGS)) --out data/prepared/$(NAME)
-	if [ -f $(RECIPE_RUN)/last.pt ]; then $(BIN)/mt train --resume --out $(RECIPE_RUN); \
+	if [ -n "$$(ls $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt 2>/dev/null)" ]; then $(BIN)/mt train --resume --out $(RECIPE_RUN); \
 	else $(BIN)/mt train configs/$(NAME).yaml --out $(RECIPE_RUN) --set train.seed=$(SEED); fi
 	$(BIN)/mt average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
 	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt

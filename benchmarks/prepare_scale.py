@@ -43,9 +43,9 @@ def run_prepare(prefix: Path, out: Path, src: str, tgt: str) -> dict:
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "mt", "prepare", "--train", str(prefix), "--src", src,
                              "--tgt", tgt, "--out", str(out), "--quiet"], stdout=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
+    summary = proc.stdout.read()  # before waiting: a full pipe would block the child
+    _, status, usage = os.wait4(proc.pid, 0)  # reaps the child and gives its own peak memory and CPU time
     seconds = time.perf_counter() - started
-    summary = proc.stdout.read()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"mt prepare failed on {prefix}")
     meta = json.loads((out / "meta.json").read_text())

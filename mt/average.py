@@ -7,6 +7,7 @@ checkpoint like `best.pt`: weights, config and SentencePiece models, no optimize
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,38 +36,43 @@ def choose(run_dir: str | Path, last: int = 0, best: int = 0) -> list[Path]:
 
 def _quality(state: dict[str, Any], path: Path) -> float:
     metrics = state.get("metrics") or {}
+    if metrics.get("step") != state["step"]:  # saved on an interrupt: the metrics are an earlier step's
+        return -math.inf
     if "valid_bleu" in metrics:
         return metrics["valid_bleu"]
     if "valid_loss" in metrics:
         return -metrics["valid_loss"]
-    raise CheckpointError(f"{path}: holds no validation score to rank it by; average the last N instead")
+    raise CheckpointError(f"{path}: holds no validation score to rank it by; average the --last N instead")
 
 
 def average(paths: list[Path]) -> dict[str, Any]:
-    """A translation checkpoint whose weights are the mean of those in `paths` (same model config required)."""
+    """A translation checkpoint whose weights are the mean of those in `paths` (same model config required).
+    Tensors that are not floating point (none in today's model) are taken from the newest checkpoint."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first = checkpoint.load(paths[0])
     total = {name: value.double() for name, value in first["model"].items() if value.is_floating_point()}
     steps = [int(first["step"])]
+    newest = first
     for path in paths[1:]:
-        state = checkpoint.load(path)
+        state = newest = checkpoint.load(path)
         if state["config"]["model"] != first["config"]["model"] or state["spm"] != first["spm"]:
             raise CheckpointError(f"{path}: a different model or vocabulary than {paths[0]}; average checkpoints "
                                   "of one run")
         for name in total:
             total[name] += state["model"][name].double()
         steps.append(int(state["step"]))
-    weights = {name: (total[name] / len(paths)).to(value.dtype) if name in total else value
+    weights = {name: (total[name] / len(paths)).to(value.dtype) if name in total else newest["model"][name]
                for name, value in first["model"].items()}
-    return {"model": weights, "config": first["config"], "spm": first["spm"], "langs": first.get("langs"),
+    return {"model": weights, "config": newest["config"], "spm": first["spm"], "langs": first.get("langs"),
             "step": max(steps), "metrics": {"averaged_steps": steps}}
 
 
 def average_run(run_dir: str | Path, out: str | Path, last: int = 0, best: int = 0) -> dict[str, Any]:
     """Average the chosen checkpoints of `run_dir` into `out` (written atomically); returns the new state."""
-    if (last > 0) == (best > 0):
-        raise CheckpointError("choose the checkpoints with either --last N or --best N")
+    if min(last, best) < 0 or (last > 0) == (best > 0):
+        raise CheckpointError(f"--last {last} --best {best}: choose the checkpoints with either --last N or "
+                              "--best N, N at least 1")
     state = average(choose(run_dir, last=last, best=best))
     checkpoint.save(state, out)
     return state

@@ -261,28 +261,17 @@ def tune(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
-    from mt.checkpoint import load_model
-    from mt.evaluate import read_text
     from mt.train import pick_device
-    from mt.tune import save_tuned
-    from mt.tune import tune as run
+    from mt.tune import tune_checkpoint
 
     try:
         beam_list = tuple(int(b) for b in beams.split(","))
         penalty_list = tuple(float(a) for a in len_penalties.split(","))
     except ValueError:
         fail(f"--beams {beams!r} / --len-penalties {len_penalties!r}: expected comma-separated numbers, e.g. 1,5")
-    if min(beam_list) < 1:
-        fail(f"--beams {beams}: beam sizes must be at least 1")
     try:
-        dev = pick_device(device)
-        loaded = load_model(checkpoint, dev)
-        data = Path(loaded.config.data)
-        sources, refs = read_text(src or data / "valid.src.txt"), read_text(ref or data / "valid.tgt.txt")
-        if len(sources) != len(refs):
-            fail(f"the source has {len(sources)} lines but the references {len(refs)}; they must be line-aligned")
-        results = run(loaded, sources, refs, dev, beam_list, penalty_list, progress=not quiet)
-        save_tuned(loaded, results[0], results, out)
+        results = tune_checkpoint(checkpoint, out, pick_device(device), src, ref, beam_list, penalty_list,
+                                  progress=not quiet)
     except user_errors() as e:
         fail(str(e))
     for r in results:
@@ -293,7 +282,7 @@ def tune(
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (for its training time and steps).")],
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: RUN_DIR/final.pt].")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: RUN_DIR/final.pt].")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """Score a run's final checkpoint on its test split (BLEU cased and lowercased, chrF, TER, signatures) and

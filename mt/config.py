@@ -146,7 +146,8 @@ def validate(cfg: Config) -> None:
     positive = {
         "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.max_len": m.max_len,
         "train.max_tokens": t.max_tokens, "train.accumulate": t.accumulate, "train.valid_every": t.valid_every,
-        "train.log_every": t.log_every, "train.valid_beam": t.valid_beam, "decode.beam": d.beam, "decode.batch_tokens": d.batch_tokens,
+        "train.log_every": t.log_every, "train.valid_beam": t.valid_beam, "decode.beam": d.beam,
+        "decode.batch_tokens": d.batch_tokens,
     }
     for key, value in positive.items():
         if value <= 0:

@@ -198,8 +198,9 @@ class HfDataset:
 
 @dataclass(frozen=True)
 class TableFile:
-    """A Parquet or CSV file with one column per language code (or a "translation" column of {lang: text}),
-    streamed through `datasets`, so a file of any size is read a batch of rows at a time."""
+    """A Parquet or CSV file with one column per language code (Parquet may instead hold a "translation" column
+    of {lang: text}), streamed through `datasets`, so a file of any size is read a batch of rows at a time.
+    An empty cell (null in Parquet) is an empty side, which cleaning counts and drops."""
 
     path: Path
     kind: str  # "parquet" or "csv": the `datasets` builder
@@ -217,6 +218,7 @@ class TableFile:
             rows = datasets.load_dataset(self.kind, data_files=str(self.path), split="train", streaming=True,
                                          **options)
             for i, row in enumerate(rows, 1):
+                row = {key: "" if value is None else value for key, value in row.items()}
                 yield pair_from_row(row, self.src, self.tgt, f"{self.path} row {i}")
         except CorpusError:
             raise

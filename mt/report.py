@@ -15,7 +15,9 @@ import torch
 
 from mt import checkpoint
 from mt.checkpoint import load_model
-from mt.evaluate import read_text, score, write_lines
+from mt.config import Config
+from mt.data import Split, epoch_batches
+from mt.evaluate import EvaluateError, read_text, score, write_lines
 from mt.model import count_parameters
 from mt.translate import Options, translate_stream
 
@@ -23,8 +25,13 @@ from mt.translate import Options, translate_stream
 def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) -> dict[str, Any]:
     """Score `final` on the test split of the data it was trained on; training facts from `run_dir/last.pt`."""
     run_dir = Path(run_dir)
+    if not Path(final).is_file():
+        raise EvaluateError(f"{final}: not found; make it first, e.g. `mt average {run_dir} --last 8 --out {final}`")
     loaded = load_model(final, device)
     data_dir = Path(loaded.config.data)
+    if not (data_dir / "test.src.txt").is_file():
+        raise EvaluateError(f"{data_dir}: no test split (test.src.txt) to report on; prepare the data with --test, "
+                            "or run from the directory the run was trained in (the data path is relative to it)")
     sources, refs = read_text(data_dir / "test.src.txt"), read_text(data_dir / "test.tgt.txt")
     hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
     write_lines(run_dir / "test.hyp.txt", hyps)
@@ -47,13 +54,20 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
                        "chrf": cased["chrf"]["signature"], "ter": cased["ter"]["signature"]},
         "train_minutes": round(position["elapsed"] / 60, 1),
         "steps": position["step"],
-        "epochs": position["epoch"],
+        "epochs": round(epochs_trained(loaded.config, data_dir, position), 1),
         "parameters": count_parameters(loaded.model),
         "averaged_steps": metrics.get("averaged_steps"),
         "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty},
         "valid_bleu": tuned[0].get("bleu"),
         "seed": loaded.config.train.seed,
     }
+
+
+def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
+    """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
+    t = cfg.train
+    batches = epoch_batches(Split(data_dir, "train"), t.max_tokens, cfg.model.max_len, t.seed, position["epoch"])
+    return position["epoch"] + position["batch"] / len(batches)
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> None:

@@ -185,7 +185,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
                                  fused=device.type == "cuda", foreach=device.type != "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     pos = Position()
-    best_bleu = -1.0
+    best_bleu = -math.inf  # the best validation score: BLEU, or minus the loss when BLEU is off
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["train"]["optimizer"])
@@ -271,8 +271,11 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     stop = StopSignals()
     bar = tqdm(total=t.max_steps, initial=pos.step, disable=not progress or not sys.stderr.isatty(),
                unit="step", dynamic_ncols=True)
-    metrics: dict = {}
-    validated = -1  # the step of the latest validation, known on every rank (metrics only on rank 0)
+    # The step of the latest validation, known on every rank (metrics only on rank 0). A resumed run that had
+    # validated at its last step (it ended, rather than being interrupted) is not validated again.
+    saved_metrics = (state or {}).get("metrics") or {}
+    validated = pos.step if saved_metrics.get("step") == pos.step else -1
+    metrics: dict = saved_metrics if validated == pos.step else {}
     interval = {"loss": torch.zeros((), device=device), "tokens": 0, "skipped": 0, "start": time.time()}
     bad_steps = 0  # skipped steps in a row
     per_step = world * t.accumulate
@@ -280,7 +283,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     steps = Prefetch((pinned(s) if pin else s for s in step_batches(train_split, cfg, pos.epoch, pos.batch, world,
                                                                     rank)), depth=2)
     try:
-        halt = distributed.agree_max(STOP_TIME if main and out_of_time(t, pos, started) else 0)
+        halt = distributed.agree_max(STOP_TIME if main and (out_of_time(t, pos, started) or out_of_patience(t, pos))
+                                     else 0)
         forward.train()
         while not halt and not finished(t, pos):
             data = steps.next()
@@ -319,9 +323,10 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
                 metrics, validated = validate_and_save(), pos.step
                 forward.train()
                 if t.patience and not halt:
-                    halt = distributed.agree_max(STOP_TIME if main and pos.stale >= t.patience else 0)
+                    halt = distributed.agree_max(STOP_TIME if main and out_of_patience(t, pos) else 0)
                     if halt:
-                        say(f"early stop: no better validation score in the last {t.patience} validations")
+                        record({"step": pos.step, "early_stop": f"no new best in {t.patience} validations"})
+                        say(f"early stop: no new best validation score in the last {t.patience} validations")
             if halt == STOP_SIGNAL:
                 check_finite()
                 if main:
@@ -425,6 +430,11 @@ def diverged_advice(out_dir: Path) -> str:
 def finished(t, pos: Position) -> bool:
     """Whether the step or epoch limit is reached: a function of the position, so every rank agrees."""
     return pos.step >= t.max_steps or bool(t.max_epochs) and pos.epoch >= t.max_epochs
+
+
+def out_of_patience(t, pos: Position) -> bool:
+    """Whether early stopping is due; `pos.stale` is counted on rank 0, so its answer is the one acted on."""
+    return bool(t.patience) and pos.stale >= t.patience
 
 
 def out_of_time(t, pos: Position, started: float) -> bool:

@@ -36,6 +36,10 @@ def test_bad_values_name_the_key_and_what_is_allowed(tmp_path):
         load_config(None, ["train.valid_bleu=1"])
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(None, ["train.lr"])
+    with pytest.raises(ConfigError, match="train.patience=-1: must be 0 .never stop early. or more"):
+        load_config(None, ["train.patience=-1"])
+    with pytest.raises(ConfigError, match="train.valid_beam=0: must be positive"):
+        load_config(None, ["train.valid_beam=0"])
 
 
 def test_heads_must_divide_d_model():

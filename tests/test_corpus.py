@@ -124,8 +124,9 @@ def test_parquet_and_csv_are_streamed_through_datasets(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    pq.write_table(pa.table({"de": ["Hallo", " Welt "], "en": ["Hello", "World"]}), tmp_path / "c.parquet")
-    assert read(str(tmp_path / "c.parquet")) == [("Hallo", "Hello"), ("Welt", "World")]
+    pq.write_table(pa.table({"de": ["Hallo", " Welt ", None], "en": ["Hello", "World", "null"]}),
+                   tmp_path / "c.parquet")
+    assert read(str(tmp_path / "c.parquet")) == [("Hallo", "Hello"), ("Welt", "World"), ("", "null")]
     write(tmp_path / "c.csv", 'en,de\nHello,Hallo\n"Yes, world",Ja\n42,42\n,leer\n')
     assert find_source(str(tmp_path / "c.csv"), "de", "en", "train") == TableFile(tmp_path / "c.csv", "csv",
                                                                                   "de", "en")

@@ -8,7 +8,7 @@ from mt import checkpoint
 from mt.average import average_run, choose
 from mt.checkpoint import CheckpointError, load_model
 from mt.train import train
-from mt.translate import Options, translate_lines
+from mt.translate import Options, translate_ids, translate_lines
 from mt.tune import grid, save_tuned, tune
 
 from .test_train import prepared, small_config  # noqa: F401  (prepared is a fixture)
@@ -33,10 +33,25 @@ def test_average_is_the_mean_of_the_last_checkpoints(run, tmp_path):
     assert moved, "the two checkpoints should differ, or the test proves nothing"
 
 
-def test_best_n_are_ranked_by_validation_bleu(run):
-    bleu = {step: checkpoint.load(path)["metrics"]["valid_bleu"] for step, path in checkpoint.numbered(run)}
-    top = sorted(bleu, key=lambda step: bleu[step], reverse=True)[:2]
-    assert choose(run, best=2) == [run / f"checkpoint-{step}.pt" for step in sorted(top)]
+def fake_run(run, tmp_path, metrics_by_step: dict) -> None:
+    """Checkpoints of `run`'s weights under other steps and validation metrics."""
+    state = checkpoint.load(run / "last.pt")
+    for step, metrics in metrics_by_step.items():
+        checkpoint.save(state | {"step": step, "metrics": metrics}, tmp_path / f"checkpoint-{step}.pt")
+
+
+def test_best_n_are_ranked_by_validation_bleu_else_loss(run, tmp_path):
+    fake_run(run, tmp_path / "bleu", {10: {"step": 10, "valid_bleu": 30.0}, 20: {"step": 20, "valid_bleu": 12.0},
+                                      30: {"step": 30, "valid_bleu": 31.0},
+                                      35: {"step": 30, "valid_bleu": 31.0},  # saved on Ctrl-C: step 30's metrics
+                                      40: {"step": 40, "valid_bleu": 29.0}})
+    assert choose(tmp_path / "bleu", best=2) == [tmp_path / "bleu" / f"checkpoint-{s}.pt" for s in (10, 30)]
+    fake_run(run, tmp_path / "loss", {10: {"step": 10, "valid_loss": 2.0}, 20: {"step": 20, "valid_loss": 1.5},
+                                      30: {"step": 30, "valid_loss": 1.8}})
+    assert choose(tmp_path / "loss", best=1) == [tmp_path / "loss" / "checkpoint-20.pt"]
+    fake_run(run, tmp_path / "none", {10: {"step": 10}})
+    with pytest.raises(CheckpointError, match="no validation score .* --last N instead"):
+        choose(tmp_path / "none", best=1)
 
 
 def test_asking_for_more_checkpoints_than_the_run_kept_says_how_many_it_has(run, tmp_path):
@@ -52,6 +67,36 @@ def test_training_stops_early_when_validation_stops_improving(prepared, tmp_path
     assert checkpoint.load(tmp_path / "last.pt")["step"] == 15
 
 
+def test_an_early_stopped_run_stays_stopped_on_resume(prepared, tmp_path):  # noqa: F811
+    cfg = small_config(prepared, max_steps=100, valid_every=5, patience=2, lr=1e-12)
+    train(cfg, tmp_path, progress=False)
+    train(cfg, tmp_path, resume=True, progress=False)
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 15
+    assert sorted(step for step, _ in checkpoint.numbered(tmp_path)) == [5, 10, 15]  # nothing saved again
+
+
+def test_patience_counts_validation_loss_when_bleu_is_off(prepared, tmp_path):  # noqa: F811
+    # Without BLEU the score is minus the loss; a learning model improves it, so patience never runs out.
+    train(small_config(prepared, max_steps=30, valid_every=5, patience=3, valid_bleu=False), tmp_path,
+          progress=False)
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 30
+    assert checkpoint.load(tmp_path / "best.pt")["step"] >= 20
+
+
+def test_validation_can_decode_with_beam_search(prepared, tmp_path, monkeypatch):  # noqa: F811
+    import mt.train
+
+    beams = []
+
+    def spy(model, srcs, opts, device):
+        beams.append(opts.beam)
+        return translate_ids(model, srcs, opts, device)
+
+    monkeypatch.setattr(mt.train, "translate_ids", spy)
+    metrics = train(small_config(prepared, max_steps=5, valid_every=5, valid_beam=3), tmp_path, progress=False)
+    assert beams == [3] and 0.0 <= metrics["valid_bleu"] <= 100.0
+
+
 def test_greedy_is_tried_once_whatever_the_length_penalty():
     assert grid((1, 4), (0.6, 1.0)) == [(1, 0.6), (4, 0.6), (4, 1.0)]
 
@@ -61,7 +106,8 @@ def test_tuning_saves_the_best_setting_as_the_checkpoint_default(run, prepared, 
     sources = (prepared / "valid.src.txt").read_text(encoding="utf-8").splitlines()
     refs = (prepared / "valid.tgt.txt").read_text(encoding="utf-8").splitlines()
     results = tune(loaded, sources, refs, torch.device("cpu"), beams=(1, 3), penalties=(0.0, 2.0), progress=False)
-    assert len(results) == 3 and results[0]["bleu"] == max(r["bleu"] for r in results)
+    assert [(r["beam"], r["len_penalty"]) for r in sorted(results, key=lambda r: (r["beam"], r["len_penalty"]))] \
+        == [(1, 0.0), (3, 0.0), (3, 2.0)]
     save_tuned(loaded, results[0], results, tmp_path / "tuned.pt")
     tuned = load_model(tmp_path / "tuned.pt")
     assert (tuned.config.decode.beam, tuned.config.decode.len_penalty) == (results[0]["beam"],
