@@ -85,7 +85,7 @@ class CrossAttention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of the encoder output, (B, H, S, Dh) each; computed once per sentence in search."""
+        """Keys and values of the encoder output, (B, H, S, Dh) each (strided views of one projection)."""
         k, v = self.kv(memory).split(memory.size(-1), dim=-1)
         return split_heads(k, self.n_heads), split_heads(v, self.n_heads)
 
@@ -272,7 +272,8 @@ class Transformer(nn.Module):
         """A cache for decoding `beam` hypotheses per sentence, up to `max_steps` positions (default:
         model.max_len), after `encode`."""
         steps = max_steps or self.cfg.max_len
-        mem_kv = [layer.cross_attn.memory_kv(memory) for layer in self.decoder]
+        # Contiguous once here, or every step's attention would copy the strided views again.
+        mem_kv = [[t.contiguous() for t in layer.cross_attn.memory_kv(memory)] for layer in self.decoder]
         rows, h, dh = memory.size(0) * beam, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
         empty = [memory.new_empty((steps, rows, h, dh)) for _ in range(2 * len(self.decoder))]
         return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], empty[0::2], empty[1::2], src_mask,
