@@ -32,11 +32,11 @@ demo: install
 	@echo "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche." | $(BIN)/mt translate --checkpoint $(RUN)/best.pt
 
 # A results recipe, NAME=CORPUS_SRC_TGT with configs/NAME.yaml (e.g. NAME=multi30k_en_de): prepare, train (or
-# continue an interrupted run), average the last checkpoints, choose beam and length penalty on valid, report on
+# continue an interrupted run), average the last checkpoints (how many: chosen on valid), choose beam and length penalty on valid, report on
 # test. Leaves runs/NAME/final.pt and runs/NAME/report.json. SEED=N trains with another seed into runs/NAME_sN.
 NAME   ?= multi30k_de_en
 SEED   ?= 1
-AVERAGE ?= 8
+AVERAGE ?= 1,2,4,8
 LANGS  = $(subst _, ,$(NAME))
 RECIPE_RUN = runs/$(NAME)$(if $(filter-out 1,$(SEED)),_s$(SEED))
 

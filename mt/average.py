@@ -1,8 +1,10 @@
 """Checkpoint averaging: the mean of the weights of several checkpoints of one run, as one checkpoint.
 
 Averaging the last few checkpoints of a run (Vaswani et al. 2017 average the last 5 or 20) smooths out the noise
-of the final updates and is worth a BLEU point or so on small data, for free. The result is a translation
-checkpoint like `best.pt`: weights, config and SentencePiece models, no optimizer state.
+of the final updates and is worth a BLEU point or so on small data, for free. How many to average depends on the
+run (how far apart its checkpoints are, how high the learning rate still was), so several counts can be tried
+and the one with the best validation BLEU kept. The result is a translation checkpoint like `best.pt`: weights,
+config and SentencePiece models, no optimizer state.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mt import checkpoint
-from mt.checkpoint import CheckpointError
+from mt.checkpoint import CheckpointError, from_state
 
 
 def choose(run_dir: str | Path, last: int = 0, best: int = 0) -> list[Path]:
@@ -76,3 +80,29 @@ def average_run(run_dir: str | Path, out: str | Path, last: int = 0, best: int =
     state = average(choose(run_dir, last=last, best=best))
     checkpoint.save(state, out)
     return state
+
+
+def average_on_valid(run_dir: str | Path, out: str | Path, counts: tuple[int, ...],
+                     device: torch.device) -> tuple[dict[str, Any], list[dict]]:
+    """Average the newest N checkpoints for each N in `counts`, translate the valid split of the run's data with
+    each (greedy search), and write the best by BLEU to `out`. Returns its state and every count's BLEU, best
+    first; ties go to fewer checkpoints. The choice is recorded in the checkpoint's metrics."""
+    from mt.tune import held_out, tune
+
+    if not counts or min(counts) < 1:
+        raise CheckpointError(f"--last {','.join(map(str, counts))}: each count must be at least 1")
+    choose(run_dir, last=max(counts))  # before any slow work: raises if the run kept fewer checkpoints
+    results: list[dict] = []
+    best_state, data = None, None
+    for n in sorted(set(counts)):
+        state = average(choose(run_dir, last=n))
+        loaded = from_state(state, device)
+        data = data or held_out(loaded)
+        score = tune(loaded, *data, device, beams=(1,), penalties=(0.0,), progress=False)[0]["bleu"]
+        if not results or score > max(r["valid_bleu"] for r in results):
+            best_state = state
+        results.append({"last": n, "valid_bleu": score})
+    results.sort(key=lambda r: (-r["valid_bleu"], r["last"]))
+    best_state["metrics"]["average_choice"] = results
+    checkpoint.save(best_state, out)
+    return best_state, results

@@ -160,7 +160,11 @@ class Loaded:
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> Loaded:
-    state = load(path)
+    return from_state(load(path), device)
+
+
+def from_state(state: dict[str, Any], device: torch.device | str = "cpu") -> Loaded:
+    """A checkpoint's state (as `load` returns it) made ready to translate with."""
     cfg = from_dict(state["config"])
     model = Transformer(cfg.model)
     model.load_state_dict(state["model"])

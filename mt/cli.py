@@ -236,14 +236,27 @@ def evaluate(
 def average(
     run_dir: Annotated[Path, typer.Argument(help="A run directory with checkpoint-STEP.pt files (train.keep_checkpoints).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write.")],
-    last: Annotated[int, typer.Option(help="Average the N newest checkpoints.")] = 0,
+    last: Annotated[str, typer.Option(help="Average the N newest checkpoints; several counts (2,4,8): keep the one with the best valid BLEU.")] = "0",
     best: Annotated[int, typer.Option(help="Average the N with the best validation BLEU.")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = "auto",
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
-    from mt.average import average_run
+    from mt.average import average_on_valid, average_run
+    from mt.train import pick_device
 
     try:
-        state = average_run(run_dir, out, last=last, best=best)
+        counts = tuple(int(n) for n in last.split(","))
+    except ValueError:
+        fail(f"--last {last!r}: expected a count or comma-separated counts, e.g. 8 or 2,4,8")
+    if len(counts) > 1 and best:
+        fail("--best N averages the N best checkpoints; several counts work with --last only")
+    try:
+        if len(counts) > 1:
+            state, results = average_on_valid(run_dir, out, counts, pick_device(device))
+            for r in results:
+                typer.echo(f"last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} (greedy)")
+        else:
+            state = average_run(run_dir, out, last=counts[0], best=best)
     except user_errors() as e:
         fail(str(e))
     typer.echo(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")

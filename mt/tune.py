@@ -64,6 +64,15 @@ def tune_checkpoint(path: str | Path, out: str | Path, device: torch.device, src
     if not beams or min(beams) < 1 or not penalties:
         raise EvaluateError(f"beams {beams} and length penalties {penalties}: need at least one of each, beams >= 1")
     loaded = load_model(path, device)
+    sources, refs = held_out(loaded, src, ref)
+    results = tune(loaded, sources, refs, device, beams, penalties, progress)
+    save_tuned(loaded, results[0], results, out)
+    return results
+
+
+def held_out(loaded: Loaded, src: str | Path | None = None,
+             ref: str | Path | None = None) -> tuple[list[str], list[str]]:
+    """(sources, references) to choose settings on: `src`/`ref`, or the valid split of the checkpoint's data."""
     if src is None:
         data = Path(loaded.config.data)
         src, ref = data / "valid.src.txt", data / "valid.tgt.txt"
@@ -73,6 +82,4 @@ def tune_checkpoint(path: str | Path, out: str | Path, device: torch.device, src
     sources, refs = read_text(src), read_text(ref)
     if len(sources) != len(refs):
         raise EvaluateError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be line-aligned")
-    results = tune(loaded, sources, refs, device, beams, penalties, progress)
-    save_tuned(loaded, results[0], results, out)
-    return results
+    return sources, refs

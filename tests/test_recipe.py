@@ -5,7 +5,7 @@ import sacrebleu
 import torch
 
 from mt import checkpoint
-from mt.average import average_run, choose
+from mt.average import average_on_valid, average_run, choose
 from mt.checkpoint import CheckpointError, load_model
 from mt.train import train
 from mt.translate import Options, translate_ids, translate_lines
@@ -31,6 +31,26 @@ def test_average_is_the_mean_of_the_last_checkpoints(run, tmp_path):
         assert torch.allclose(value, (a[name] + b[name]) / 2, atol=1e-7), name
         moved += not torch.equal(a[name], b[name])
     assert moved, "the two checkpoints should differ, or the test proves nothing"
+
+
+def test_several_counts_keep_the_average_with_the_best_valid_bleu(run, prepared, tmp_path):  # noqa: F811
+    state, results = average_on_valid(run, tmp_path / "avg.pt", (1, 2, 4), torch.device("cpu"))
+    assert sorted(r["last"] for r in results) == [1, 2, 4]
+    assert results[0]["valid_bleu"] == max(r["valid_bleu"] for r in results)
+    assert state["metrics"]["averaged_steps"] == [40, 30, 20, 10][:results[0]["last"]][::-1]
+    chosen = load_model(tmp_path / "avg.pt")
+    assert chosen.state["metrics"]["average_choice"] == results
+    sources = (prepared / "valid.src.txt").read_text(encoding="utf-8").splitlines()
+    refs = (prepared / "valid.tgt.txt").read_text(encoding="utf-8").splitlines()
+    hyps = translate_lines(chosen, sources, Options.from_config(chosen.config.decode, beam=1), torch.device("cpu"))
+    texts = chosen.tgt_tok.decode([h[0].tokens for h in hyps])
+    assert round(sacrebleu.corpus_bleu(texts, [refs]).score, 2) == results[0]["valid_bleu"]
+
+
+def test_choosing_among_more_checkpoints_than_kept_fails_before_translating(run, tmp_path):
+    with pytest.raises(CheckpointError, match="kept 4"):
+        average_on_valid(run, tmp_path / "avg.pt", (2, 8), torch.device("cpu"))
+    assert not (tmp_path / "avg.pt").exists()
 
 
 def fake_run(run, tmp_path, metrics_by_step: dict) -> None:
