@@ -64,8 +64,8 @@ def bench_translate(b: TranslateBench) -> dict:
         if not b.input:
             raise ValueError("--checkpoint needs --input FILE: the real sentences to translate")
         loaded = load_model(b.checkpoint)
+        parameters = count_parameters(loaded.model)
         loaded.model = for_inference(loaded.model, b.precision)
-        model = loaded.model
         lines = read_text(b.input)[:n]
         opts = Options.from_config(loaded.config.decode, beam=b.beam, precision=b.precision)
         opts.batch_tokens = b.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
@@ -75,7 +75,9 @@ def bench_translate(b: TranslateBench) -> dict:
             results = translate_lines(loaded, lines, opts, torch.device("cpu"))
             counted[:] = [sum(len(h[0].tokens) + 1 for h in results if h)]
     else:
-        model = for_inference(preset_model(b.preset, b.seed), b.precision)
+        model = preset_model(b.preset, b.seed)
+        parameters = count_parameters(model)
+        model = for_inference(model, b.precision)
         g = torch.Generator().manual_seed(b.seed)
         srcs = [torch.randint(4, VOCAB, (b.src_len,), generator=g).tolist() for _ in range(n)]
         batches = [pad(srcs[i:i + b.batch], [], [EOS]) for i in range(0, n, b.batch)]
@@ -98,7 +100,7 @@ def bench_translate(b: TranslateBench) -> dict:
     median = statistics.median(times)
     return {
         "bench": "translate", **asdict(b), "sentences": n, "threads": torch.get_num_threads(),
-        "parameters": count_parameters(model) if b.precision != "int8" else None,
+        "parameters": parameters,
         "tgt_tokens": counted[0], "median_s": median, "min_s": min(times),
         "tgt_tok_per_s": counted[0] / median, "sent_per_s": n / median,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

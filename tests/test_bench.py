@@ -1,3 +1,4 @@
+import copy
 import json
 import subprocess
 import sys
@@ -22,12 +23,25 @@ def test_fixed_output_length_makes_random_weights_do_full_work():
 
 def test_int8_model_stays_close_to_fp32():
     model = preset_model("small")
-    quantized = for_inference(model, "int8")
+    quantized = for_inference(copy.deepcopy(model), "int8")  # converts in place
     src = pad([[5, 6, 7, 8, 9, 10]], [], [EOS])
     tgt = torch.tensor([[2, 11, 12, 13]])
     with torch.no_grad():
         full, q = model(src, tgt), quantized(src, tgt)
     assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
+
+
+def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
+    model = preset_model("small")
+    frozen = for_inference(copy.deepcopy(model), "fp32")
+    assert not any(type(m) is torch.nn.Linear for m in frozen.modules())
+    g = torch.Generator().manual_seed(1)
+    src = pad([torch.randint(4, 8000, (n,), generator=g).tolist() for n in (3, 9, 6)], [], [EOS])
+    with torch.no_grad():
+        assert torch.allclose(model(src, src), frozen(src, src), atol=1e-4)
+    assert [h.tokens for h in greedy(model, src)] == [h.tokens for h in greedy(frozen, src)]
+    assert [[h.tokens for h in hs] for hs in beam_search(model, src, 3, nbest=3)] == \
+        [[h.tokens for h in hs] for hs in beam_search(frozen, src, 3, nbest=3)]
 
 
 def test_bench_reports_throughput_and_settings():
