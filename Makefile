@@ -52,9 +52,11 @@ recipe: install
 	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
 	$(BIN)/mt report $(RECIPE_RUN)
 
-# The standard grid, one process per setting; rewrites the README's benchmark table.
+# The standard grids, one process per setting; rewrite the README's benchmark tables (translation, training).
 bench: install
+	test -f $(DATA)/meta.json || $(BIN)/mt prepare multi30k --src de --tgt en --out $(DATA)
 	$(BIN)/mt bench translate --grid --readme README.md
+	$(BIN)/mt bench train --grid --readme README.md --data $(DATA)
 
 # mt against Hugging Face generate and CTranslate2, side by side (installs the optional extra).
 bench-compare: install

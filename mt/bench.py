@@ -7,10 +7,13 @@ at its real lengths instead. Timing: one warm-up run, then the median of `runs` 
 
 from __future__ import annotations
 
+import json
 import resource
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -114,6 +117,17 @@ def grid() -> list[TranslateBench]:
             for p in ("small", "base") for beam in (1, 4) for batch in (1, 64) for prec in ("fp32", "bf16", "int8")]
 
 
+def run_isolated(kind: str, b: TranslateBench | TrainBench) -> dict:
+    """One setting in a fresh process (`mt bench KIND --json`), so no allocator, thread pool or cache state carries
+    over from the settings before it. Fields left at their defaults are not passed."""
+    args = [sys.executable, "-m", "mt", "bench", kind, "--json"]
+    for f in fields(b):
+        value = getattr(b, f.name)
+        if value is not None and value != f.default:
+            args += [f"--{f.name.replace('_', '-')}", str(value)]
+    return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+
+
 def markdown_table(rows: list[dict]) -> str:
     head = "| preset | beam | batch | precision | tgt tok/s | sent/s | median s | peak RSS MB |\n|---|---|---|---|---|---|---|---|"
     lines = [f"| {r['preset']} | {r['beam']} | {r['batch']} | {r['precision']} | {r['tgt_tok_per_s']:,.0f} | "
@@ -146,6 +160,32 @@ class TrainBench:
     steps: int = 10  # timed steps, after `warmup` untimed ones
     warmup: int = 3
     dropout: float = 0.1
+
+
+def train_grid(data: str | None = None) -> list[TrainBench]:
+    """The training rows of `make bench`: small/base × fp32/bf16 on fixed batches of 64 pairs of 24 + 24 tokens,
+    and, given a prepared corpus, small on its real length-grouped batches of 4096 tokens."""
+    rows = [TrainBench(preset=p, precision=prec, steps=10 if p == "small" else 5)
+            for p in ("small", "base") for prec in ("fp32", "bf16")]
+    if data:
+        rows.append(TrainBench(preset="small", data=data, steps=20))
+    return rows
+
+
+def train_markdown_table(rows: list[dict]) -> str:
+    head = ("| preset | batches | precision | tgt tok/s | MFLOP/token | GFLOP/s | MFU | padding | data loading | "
+            "peak RSS MB |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [f"| {r['preset']} | {batches_label(r)} | {r['precision']} | {r['tgt_tok_per_s']:,.0f} | "
+             f"{r['flops_per_tgt_token'] / 1e6:.1f} | {r['achieved_tflops'] * 1000:.0f} | {r['mfu']:.0%} | "
+             f"{r['padding_fraction']:.1%} | {r['data_loading_fraction']:.1%} | {r['peak_rss_mb']:,.0f} |"
+             for r in rows]
+    return "\n".join([head, *lines])
+
+
+def batches_label(r: dict) -> str:
+    if r["data"]:
+        return f"{Path(r['data']).name}, {r['max_tokens']} tokens"
+    return f"{r['batch']} × ({r['src_len']} + {r['tgt_len']})"
 
 
 def train_flops(cfg: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: float, tgt_len: float) -> float:

@@ -419,9 +419,8 @@ def bench_translate(
 ) -> None:
     """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
     import json
-    import subprocess
 
-    from mt.bench import TranslateBench, markdown_table, write_readme_table
+    from mt.bench import TranslateBench, markdown_table, run_isolated, write_readme_table
     from mt.bench import bench_translate as run
     from mt.bench import grid as standard_grid
 
@@ -436,13 +435,9 @@ def bench_translate(
         return
     rows = []
     for b in standard_grid():
-        args = [sys.executable, "-m", "mt", "bench", "translate", "--json", "--preset", b.preset, "--beam",
-                str(b.beam), "--batch", str(b.batch), "--precision", b.precision, "--runs", str(b.runs)]
-        if threads:
-            args += ["--threads", str(threads)]
-        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out))
-        typer.echo(out.strip() if json_ else markdown_table(rows[-1:]).splitlines()[-1], err=not json_)
+        b.threads = threads
+        rows.append(run_isolated("translate", b))
+        typer.echo(json.dumps(rows[-1]) if json_ else markdown_table(rows[-1:]).splitlines()[-1], err=not json_)
     table = markdown_table(rows)
     typer.echo(table)
     if readme is not None:
@@ -460,16 +455,33 @@ def bench_train(
     precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast).")] = "fp32",
     threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
     steps: Annotated[int, typer.Option(help="Timed training steps (after 3 warm-up steps).")] = 10,
-    json_: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+    grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting (--data adds a real-batch row).")] = False,
+    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table into this README.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="One JSON object (per setting).")] = False,
 ) -> None:
     """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
     import json
 
-    from mt.bench import TrainBench
+    from mt.bench import TrainBench, run_isolated, train_grid, train_markdown_table, write_readme_table
     from mt.bench import bench_train as run
 
     if precision not in ("fp32", "bf16"):
         fail(f"--precision {precision}: must be fp32 or bf16")
+    if data is not None and not (data / "train.src.ids.npy").is_file():
+        fail(f"--data {data}: no prepared training split there (train.src.ids.npy); run `mt prepare` first")
+    if grid:
+        rows = []
+        for b in train_grid(str(data) if data else None):
+            b.threads = threads
+            rows.append(run_isolated("train", b))
+            typer.echo(json.dumps(rows[-1]) if json_ else train_markdown_table(rows[-1:]).splitlines()[-1],
+                       err=not json_)
+        table = train_markdown_table(rows)
+        typer.echo(table)
+        if readme is not None:
+            command = "mt bench train --grid --readme README.md" + (f" --data {data}" if data else "")
+            write_readme_table(readme, "train", table, command)
+        return
     try:
         result = run(TrainBench(preset, str(data) if data else None, batch, src_len, tgt_len, max_tokens, precision,
                                 threads, steps))

@@ -5,7 +5,14 @@ import sys
 
 import torch
 
-from mt.bench import TranslateBench, bench_translate, markdown_table, preset_model, write_readme_table
+from mt.bench import (
+    TranslateBench,
+    bench_translate,
+    markdown_table,
+    preset_model,
+    train_markdown_table,
+    write_readme_table,
+)
 from mt.data import pad
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
@@ -97,3 +104,13 @@ def test_train_bench_on_real_batches_reports_padding(tmp_path):
     result = bench_train(TrainBench(preset="small", data=str(tmp_path), max_tokens=256, steps=2, warmup=1))
     assert 0 < result["padding_fraction"] < 0.5
     assert 0 <= result["data_loading_fraction"] < 1
+    assert f"| small | {tmp_path.name}, 256 tokens | fp32 |" in train_markdown_table([result])
+
+
+def test_grid_settings_reach_the_isolated_process():
+    from mt.bench import TrainBench, run_isolated
+
+    result = run_isolated("train", TrainBench(preset="small", batch=2, src_len=4, tgt_len=3, steps=1))
+    assert (result["batch"], result["src_len"], result["tgt_len"], result["steps"]) == (2, 4, 3, 1)
+    assert {"tgt_tok_per_s", "flops_per_tgt_token", "mfu", "padding_fraction", "peak_rss_mb"} <= result.keys()
+    assert "| small | 2 × (4 + 3) | fp32 |" in train_markdown_table([result])
