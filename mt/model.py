@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.config import ModelConfig
+from mt.linear import Linear
 from mt.tokenizer import PAD
 
 
@@ -50,8 +51,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.dropout = cfg.attn_dropout
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused: one matmul for queries, keys and values
-        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.qkv = Linear(cfg.d_model, 3 * cfg.d_model)  # fused: one matmul for queries, keys and values
+        self.out = Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         q, k, v = self.qkv(x).split(x.size(-1), dim=-1)
@@ -80,9 +81,9 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.dropout = cfg.attn_dropout
-        self.q = nn.Linear(cfg.d_model, cfg.d_model)
-        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model)
-        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.q = Linear(cfg.d_model, cfg.d_model)
+        self.kv = Linear(cfg.d_model, 2 * cfg.d_model)
+        self.out = Linear(cfg.d_model, cfg.d_model)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output, (B, H, S, Dh) each (strided views of one projection)."""
@@ -102,8 +103,8 @@ class CrossAttention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.up = Linear(cfg.d_model, cfg.d_ff)
+        self.down = Linear(cfg.d_ff, cfg.d_model)
         self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
         self.dropout = nn.Dropout(cfg.act_dropout)
 
@@ -222,7 +223,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end un-normalised; post-norm ones already end in a LayerNorm.
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
         self.reset_parameters()

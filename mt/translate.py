@@ -19,6 +19,7 @@ from torch import nn
 from mt.checkpoint import Loaded
 from mt.config import DecodeConfig
 from mt.data import batch_by_tokens, pad
+from mt.linear import Linear, linear, prefers_onednn
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -41,27 +42,40 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
             warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor; it still works
             # The output projection stays fp32: it decides every token, and quantizing it cost the most BLEU.
             linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "output"}
+            for name in linears:  # the quantizer takes nn.Linear itself, not subclasses such as mt's Linear
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent), child, plain_linear(model.get_submodule(name)))
             model = torch.ao.quantization.quantize_dynamic(model, linears, dtype=torch.qint8, inplace=True)
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) in (nn.Linear, Linear):
                 setattr(module, name, FrozenLinear(child))
     return model.eval()
+
+
+def plain_linear(layer: nn.Linear) -> nn.Linear:
+    """An nn.Linear holding `layer`'s parameters."""
+    plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    plain.weight, plain.bias = layer.weight, layer.bias
+    return plain
 
 
 class FrozenLinear(nn.Module):
     """nn.Linear for inference, its weight stored transposed and contiguous, (in_features, out_features).
 
     F.linear multiplies by the transpose of an (out, in) weight; on CPU, MKL runs the small matrices of
-    step-by-step decoding faster against a weight already laid out as (in, out).
+    step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is the faster
+    kernel (see mt/linear.py), fp32 goes through it instead, as fast with this layout.
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, layer: nn.Linear):
         super().__init__()
-        self.register_buffer("weight_t", linear.weight.detach().t().contiguous())
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+        self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if prefers_onednn(x, self.weight_t):
+            return linear(x, self.weight_t.t(), self.bias)
         flat = x.reshape(-1, x.size(-1))
         y = flat @ self.weight_t if self.bias is None else torch.addmm(self.bias, flat, self.weight_t)
         return y.view(*x.shape[:-1], y.size(-1))

@@ -1,0 +1,93 @@
+"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU.
+
+PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
+Intel's. oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it: on an AMD EPYC with AVX-512 it
+multiplied the model's matrices 2.2-2.4x faster. `Linear` is an `nn.Linear` (same parameters, same
+checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on such CPUs: AVX-512 and not
+Intel. The choice is a fact of the machine, not a timing, so every process on it computes the same numbers
+(resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`, Intel
+CPUs, where MKL has its AVX-512 code) is `F.linear`.
+
+`MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+CHOICES = ("auto", "mkl", "onednn")
+
+
+def onednn_mm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (N, in) @ weight (out, in)^T + bias through oneDNN; strided (transposed) operands need no copy."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@functools.cache
+def use_onednn() -> bool:
+    """Whether fp32 CPU matmuls go through oneDNN in this process: MT_CPU_MATMUL, else the machine's rule."""
+    choice = os.environ.get("MT_CPU_MATMUL", "auto")
+    if choice not in CHOICES:
+        raise ValueError(f"MT_CPU_MATMUL must be one of {', '.join(CHOICES)}, not {choice!r}")
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    if choice != "auto":
+        return choice == "onednn"
+    return cpu_vendor() not in ("GenuineIntel", "") and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string (GenuineIntel, AuthenticAMD, ...) from /proc/cpuinfo; "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+class OneDnnLinear(torch.autograd.Function):
+    """y = x W^T + b with all three matmuls (forward, input and weight gradients) in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        flat = x.reshape(-1, x.size(-1))
+        ctx.save_for_backward(flat, weight)
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        return onednn_mm(flat, weight, bias).view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        flat, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.size(-1))
+        grad_x = onednn_mm(g, weight.t()).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
+        grad_w = onednn_mm(g.t(), flat.t()) if ctx.needs_input_grad[1] else None
+        grad_b = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
+    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is the faster kernel."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling() and use_onednn())
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear, through oneDNN for fp32 on CPU where that is faster (see the module docstring)."""
+    if prefers_onednn(x, weight):
+        return OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear on `linear`: the same parameters and state dict, the faster CPU kernel."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
