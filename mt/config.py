@@ -45,6 +45,9 @@ class TrainConfig:
     accumulate: int = 1  # batches per optimizer step
     lr: float = 7e-4  # peak learning rate, reached at the end of warmup
     warmup: int = 4000  # steps of linear warmup, then decay with 1/sqrt(step)
+    # The last fraction of the budget (train.max_minutes if set, else train.max_steps) over which the learning rate
+    # falls linearly to 0, so a run that stops on its budget ends annealed; 0: no cooldown.
+    cooldown: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.98
     eps: float = 1e-9
@@ -153,7 +156,8 @@ def validate(cfg: Config) -> None:
         if value <= 0:
             raise ConfigError(f"{key}={value}: must be positive")
     for key, value in {"model.dropout": m.dropout, "model.attn_dropout": m.attn_dropout,
-                       "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing}.items():
+                       "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing,
+                       "train.cooldown": t.cooldown}.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key}={value}: must be in [0, 1)")
     if t.patience < 0:

@@ -1,4 +1,5 @@
-"""The training loop: token-budget batches, Adam with warmup + inverse-sqrt decay, label-smoothed loss,
+"""The training loop: token-budget batches, Adam with warmup + inverse-sqrt decay (and an optional linear
+cooldown to the end of the budget), label-smoothed loss,
 mixed precision on GPU, validation (loss and BLEU), `last.pt` / `best.pt` checkpoints, and resume.
 
 A run directory holds `last.pt` (everything needed to resume) and the newest `train.keep_checkpoints`
@@ -20,7 +21,8 @@ DistributedDataParallel:
   from the lengths on disk, so no communication) and multiplies it by W, because DDP averages the ranks'
   gradients: the result is the per-token gradient of the whole step, as one process would compute it.
 - Agreement: a step is skipped on every rank when any rank's loss or gradients are not finite; rank 0's time
-  budget (`train.max_minutes`) and a SIGINT/SIGTERM on any rank stop every rank after the same step.
+  budget (`train.max_minutes`) and a SIGINT/SIGTERM on any rank stop every rank after the same step; a cooldown
+  by the clock follows the furthest rank's clock.
 - Rank 0 alone validates, writes checkpoints, config.yaml and log.jsonl, and prints; the others wait at a barrier.
 - Dropout: rank 0 draws from the single-process stream, rank r > 0 from one seeded with (seed, rank, step), so a
   run with dropout is not bitwise equal to single-process training (the equivalence tests use dropout 0).
@@ -84,6 +86,23 @@ def learning_rate(step: int, peak: float, warmup: int) -> float:
     """
     step = max(step, 1)
     return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def cooldown_factor(progress: float, cooldown: float) -> float:
+    """The learning rate's multiplier at `progress` (0 to 1) through the budget: 1, then falling linearly to 0
+    over the last `cooldown` of it (as in warmup-stable-decay schedules, Hägele et al. 2024)."""
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / cooldown))
+
+
+def budget_progress(t, pos: Position, started: float) -> float:
+    """How far through its budget the run is: by steps (train.max_steps) or wall clock (train.max_minutes),
+    whichever is further. Clocks differ between ranks: all use the furthest, so every rank has the same rate."""
+    progress = pos.step / t.max_steps
+    if t.max_minutes:
+        progress = max(progress, (pos.elapsed + time.time() - started) / (60 * t.max_minutes))
+    return distributed.agree_max(round(1e6 * progress)) / 1e6 if t.cooldown else progress
 
 
 def pick_device(name: str) -> torch.device:
@@ -292,8 +311,10 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             if finished(t, pos):  # the data has moved on to an epoch past train.max_epochs
                 break
             group = [b.to(device) for b in data.group]
-            loss, applied = train_step(forward, optimizer, scaler, group, cfg, device, amp_dtype,
-                                       learning_rate(pos.step + 1, t.lr, t.warmup), data.n_tokens, ddp)
+            lr = learning_rate(pos.step + 1, t.lr, t.warmup) * cooldown_factor(budget_progress(t, pos, started),
+                                                                                t.cooldown)
+            loss, applied = train_step(forward, optimizer, scaler, group, cfg, device, amp_dtype, lr,
+                                       data.n_tokens, ddp)
             pos.batch += per_step  # a skipped step's batches are consumed too: a bad batch is not retried forever
             if applied:
                 pos.step += 1

@@ -7,7 +7,7 @@ from mt.data import batch_by_tokens, pad
 from mt.model import Transformer
 from mt.search import greedy
 from mt.tokenizer import BOS, EOS, PAD
-from mt.train import label_smoothed_loss, learning_rate, train_step
+from mt.train import cooldown_factor, label_smoothed_loss, learning_rate, train_step
 
 from .conftest import prepare_corpus
 
@@ -18,6 +18,14 @@ def test_learning_rate_warms_up_then_decays_as_inverse_sqrt():
     assert learning_rate(100, peak, warmup) == pytest.approx(peak)
     assert learning_rate(400, peak, warmup) == pytest.approx(peak / 2)
     assert max(learning_rate(s, peak, warmup) for s in range(1, 1000)) == pytest.approx(peak)
+
+
+def test_cooldown_holds_the_rate_then_brings_it_linearly_to_zero_at_the_end_of_the_budget():
+    assert cooldown_factor(0.5, 0.0) == cooldown_factor(1.0, 0.0) == 1.0  # no cooldown
+    assert cooldown_factor(0.0, 0.2) == 1.0
+    assert cooldown_factor(0.8, 0.2) == pytest.approx(1.0)
+    assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
+    assert cooldown_factor(1.0, 0.2) == cooldown_factor(1.3, 0.2) == 0.0
 
 
 def test_loss_ignores_padding():
