@@ -68,9 +68,18 @@ class OneDnnLinear(torch.autograd.Function):
         flat, weight = ctx.saved_tensors
         g = grad.reshape(-1, grad.size(-1))
         grad_x = onednn_mm(g, weight.t()).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
-        grad_w = onednn_mm(g.t(), flat.t()) if ctx.needs_input_grad[1] else None
+        grad_w = onednn_weight_grad(g, flat) if ctx.needs_input_grad[1] else None
         grad_b = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
+
+
+def onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
+    """g^T x, (out, in), for g (N, out) and x (N, in). oneDNN copies an input given transposed, not a weight, so
+    the smaller of the two goes in as the input: for the output layer, x rather than the tokens × vocabulary
+    gradient (4.6x faster on machine B)."""
+    if x.size(1) <= g.size(1):
+        return onednn_mm(x.t(), g.t()).t()
+    return onednn_mm(g.t(), x.t())
 
 
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -84,6 +93,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if prefers_onednn(x, weight):
         return OneDnnLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def linear_grads(g: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients of `linear(x, weight)` for the output gradient g (N, out), x (N, in): g W and g^T x."""
+    if prefers_onednn(x, weight):
+        return onednn_mm(g, weight.t()), onednn_weight_grad(g, x)
+    return g @ weight, g.t() @ x
 
 
 class Linear(nn.Linear):

@@ -482,8 +482,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     for i, batch in enumerate(group):
         with distributed.sync_gradients(ddp, last=i == len(group) - 1):
             with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else nullcontext():
-                logits = model(batch.src, batch.tgt_in)
-            loss = label_smoothed_loss(logits, batch.tgt_out, t.label_smoothing)
+                loss = model(batch.src, batch.tgt_in, batch.tgt_out, t.label_smoothing)
             # Per target token of the whole step; × world because DDP averages the ranks' gradients.
             scaler.scale(loss * world / n_tokens).backward()
         total += loss.detach()

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import mt.model
 import mt.train
 from mt import checkpoint
 from mt.cli import app
@@ -188,17 +189,17 @@ def test_a_full_disk_is_a_clear_error_that_keeps_the_previous_checkpoint(tmp_pat
 
 
 def test_a_non_finite_loss_skips_the_update_and_is_counted(data, tmp_path, monkeypatch):
-    real_loss = mt.train.label_smoothed_loss
+    real_loss = mt.model.output_loss  # the training loss (model(src, tgt, target, smoothing) returns it)
     calls = {"training": 0}
 
-    def loss_with_two_bad_batches(logits, target, smoothing):
-        loss = real_loss(logits, target, smoothing)
+    def loss_with_two_bad_batches(*args):
+        loss = real_loss(*args)
         if not torch.is_grad_enabled():  # validation
             return loss
         calls["training"] += 1
         return loss * float("nan") if calls["training"] in (3, 4) else loss
 
-    monkeypatch.setattr(mt.train, "label_smoothed_loss", loss_with_two_bad_batches)
+    monkeypatch.setattr(mt.model, "output_loss", loss_with_two_bad_batches)
     run = tmp_path / "run"
     cfg = config(data, max_steps=10, max_tokens=128)
     assert len(epoch_batches(Split(data, "train"), 128, cfg.model.max_len, cfg.train.seed, 0)) > 12
