@@ -28,10 +28,13 @@ from mt.tokenizer import PAD
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float, causal: bool) -> Tensor:
     """Scaled dot-product attention over (B, H, T, Dh) tensors; PyTorch picks the fused kernel.
 
-    On CPU with attention dropout PyTorch has no fused kernel and computes it step by step, as here, but with
-    the slow dropout mask of `mt.dropout`: this is the same computation, 1.1-1.4x faster.
+    Training on CPU, the fused kernel is often the slower one, and then attention is computed here, step by
+    step (machine B, forward and backward): with attention dropout (PyTorch has no fused kernel for it on CPU and
+    computes this, with the slower dropout mask of `mt.dropout`: 1.1-1.4x), in bf16 (the fused backward is
+    3-10x slower) and in fp32 up to 64 keys (1.2-1.3x; from about 100 keys on, the fused kernel is 10-15% faster).
     """
-    if p_drop > 0.0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
+    if q.device.type == "cpu" and q.requires_grad and not torch.compiler.is_compiling() and (
+            p_drop > 0.0 or q.dtype != torch.float32 or k.size(-2) <= 64):
         if causal:
             n = q.size(-2)
             before = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()

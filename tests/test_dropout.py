@@ -27,13 +27,20 @@ def test_dropout_is_reproducible_from_the_seed():
     assert torch.equal(a, dropout(x, 0.5, True))
 
 
+@pytest.mark.parametrize("p_drop", [0.0, 0.5])
 @pytest.mark.parametrize("causal", [True, False])
-def test_cpu_attention_with_dropout_computes_what_sdpa_does(monkeypatch, causal):
+def test_cpu_training_attention_computes_what_sdpa_does(monkeypatch, causal, p_drop):
     monkeypatch.setattr(mt.model, "dropout", lambda x, p, training: x)  # the same computation, minus the mask
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 2, 5, 8, generator=g) for _ in range(3))
     mask = None if causal else torch.tensor([True] * 5 + [True, True, True, False, False] + [True] + [False] * 4)
     mask = None if causal else mask.view(3, 1, 1, 5)
-    ours = attention(q, k, v, mask, 0.5, causal)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]  # with gradients: the step-by-step path
+    ours = attention(*leaves, mask, p_drop, causal)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(ours, ref)
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    F.scaled_dot_product_attention(*ref_leaves, attn_mask=mask, is_causal=causal).square().sum().backward()
+    ours.square().sum().backward()
+    for a, b in zip(leaves, ref_leaves, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
