@@ -212,12 +212,12 @@ def cpu_matmul() -> str:
 def matmul_peak(precision: str, size: int = 2048, runs: int = 3) -> float:
     """The machine's own measured matmul FLOP/s in this precision (the MFU denominator): the faster of PyTorch's
     two CPU kernels, MKL and oneDNN (see mt/linear.py), so the choice of kernel cannot flatter the MFU."""
-    from mt.linear import onednn_mm
+    from mt.linear import onednn_available, onednn_mm
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     kernels = [lambda: a @ b]
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if onednn_available():
         kernels.append(lambda: onednn_mm(a, b.t()))
     best = float("inf")
     for kernel in kernels:

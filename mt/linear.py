@@ -28,13 +28,18 @@ def onednn_mm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def onednn_available() -> bool:
+    """Whether this PyTorch build has the oneDNN linear kernel."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 @functools.cache
 def use_onednn() -> bool:
     """Whether fp32 CPU matmuls go through oneDNN in this process: MT_CPU_MATMUL, else the machine's rule."""
     choice = os.environ.get("MT_CPU_MATMUL", "auto")
     if choice not in CHOICES:
         raise ValueError(f"MT_CPU_MATMUL must be one of {', '.join(CHOICES)}, not {choice!r}")
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if not onednn_available():
         return False
     if choice != "auto":
         return choice == "onednn"
@@ -82,10 +87,15 @@ def onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
     return onednn_mm(g.t(), x.t())
 
 
+def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:
+    """fp32 on CPU, outside autocast and torch.compile: where mt's own CPU kernels apply."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
     """fp32 on CPU, outside autocast and torch.compile, where oneDNN is the faster kernel."""
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling() and use_onednn())
+    return plain_cpu_fp32(x, weight) and use_onednn()
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

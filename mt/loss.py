@@ -19,33 +19,41 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mt.linear import linear, linear_grads
+from mt.linear import linear, linear_grads, plain_cpu_fp32
 
 BLOCK = 2 ** 21  # logits per block of rows in `output_loss` (8 MB in float32; 2^20 to 2^22 ran alike)
+
+
+def summed_loss(logp: Tensor, target: Tensor, smoothing: float, keep: Tensor) -> Tensor:
+    """The loss of log-probabilities logp (N, V) summed over the rows in `keep`."""
+    nll = -logp.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
+    loss = nll if smoothing == 0 else (1 - smoothing) * nll - smoothing * logp.mean(dim=-1)
+    return (loss * keep).sum()
+
+
+def loss_gradient_(logp: Tensor, target: Tensor, smoothing: float, row_scale: Tensor) -> Tensor:
+    """Turns logp (N, V), in place, into the loss's gradient with respect to the logits, row i scaled by
+    row_scale[i]: softmax - (1 - eps) * onehot(target) - eps / V."""
+    g = logp.exp_()  # softmax
+    if smoothing:
+        g.sub_(smoothing / logp.size(-1))
+    g[torch.arange(g.size(0), device=g.device), target.clamp(min=0)] -= 1 - smoothing
+    return g.mul_(row_scale.to(g.dtype)[:, None])
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, smoothing: float, ignore_index: int) -> Tensor:
-        logp = torch.log_softmax(logits, dim=-1)  # (N, V); kept for the backward, which turns it into softmax
-        nll = -logp.gather(1, target.clamp(min=0)[:, None]).squeeze(1)
-        loss = nll if smoothing == 0 else (1 - smoothing) * nll - smoothing * logp.mean(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)  # (N, V); kept for the backward, which turns it into the gradient
         keep = target != ignore_index
         ctx.save_for_backward(logp, target, keep)
         ctx.smoothing = smoothing
-        return (loss * keep).sum()
+        return summed_loss(logp, target, smoothing, keep)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         logp, target, keep = ctx.saved_tensors
-        eps, vocab = ctx.smoothing, logp.size(-1)
-        g = logp.exp_()  # softmax, in place: the saved log-probabilities are not needed again
-        if eps:
-            g.sub_(eps / vocab)
-        rows = torch.arange(g.size(0), device=g.device)
-        g[rows, target.clamp(min=0)] -= 1 - eps
-        g.mul_((keep * grad).to(g.dtype)[:, None])
-        return g, None, None, None
+        return loss_gradient_(logp, target, ctx.smoothing, keep * grad), None, None, None
 
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_index: int) -> Tensor:
@@ -58,9 +66,7 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float
 
     Fused on CPU in float32 (see the module docstring); everywhere else (GPU, autocast, torch.compile) the logits
     are made whole, in float32, and given to `label_smoothed_nll`."""
-    fused = (hidden.device.type == "cpu" and hidden.dtype == weight.dtype == torch.float32
-             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
-    if not fused:
+    if not plain_cpu_fp32(hidden, weight):
         return label_smoothed_nll(linear(hidden, weight).float(), target, smoothing, ignore_index)
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _FusedOutputLoss.apply(hidden, weight, target, smoothing, ignore_index, need_grad)
@@ -73,8 +79,8 @@ class _FusedOutputLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, ignore_index: int,
                 need_grad: bool) -> Tensor:
-        n, vocab = hidden.size(0), weight.size(0)
-        rows = max(1, BLOCK // vocab)
+        n = hidden.size(0)
+        rows = max(1, BLOCK // weight.size(0))
         total = hidden.new_zeros(())
         grad_h = torch.empty_like(hidden) if need_grad else None
         grad_w = torch.zeros_like(weight) if need_grad else None
@@ -82,17 +88,9 @@ class _FusedOutputLoss(torch.autograd.Function):
             h, t = hidden[start:start + rows], target[start:start + rows]
             logp = torch.log_softmax(linear(h, weight), dim=-1)
             keep = t != ignore_index
-            t = t.clamp(min=0)
-            nll = -logp.gather(1, t[:, None]).squeeze(1)
-            loss = nll if smoothing == 0 else (1 - smoothing) * nll - smoothing * logp.mean(dim=-1)
-            total += (loss * keep).sum()
-            if need_grad:  # as in _SmoothedCrossEntropy.backward, for a gradient of 1
-                g = logp.exp_()
-                if smoothing:
-                    g.sub_(smoothing / vocab)
-                g[torch.arange(g.size(0)), t] -= 1 - smoothing
-                g.mul_(keep.to(g.dtype)[:, None])
-                gh, gw = linear_grads(g, h, weight)
+            total += summed_loss(logp, t, smoothing, keep)
+            if need_grad:  # for an incoming gradient of 1
+                gh, gw = linear_grads(loss_gradient_(logp, t, smoothing, keep), h, weight)
                 grad_h[start:start + rows] = gh
                 grad_w += gw
         ctx.save_for_backward(grad_h, grad_w)

@@ -39,19 +39,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: floa
             n = q.size(-2)
             before = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
             mask = before if mask is None else mask & before
-        weights = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5
-        if mask is not None:
-            weights = weights.masked_fill(~mask, -torch.inf)
-        return dropout(weights.softmax(dim=-1), p_drop, True) @ v
+        return plain_attention(q, k, v, mask, p_drop)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=causal)
 
 
-def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """Attention for the few queries of one decoding step: at this size plain matmuls beat the fused kernel."""
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float = 0.0) -> Tensor:
+    """Attention in plain matmuls (with dropout p_drop on the weights): for the few queries of one decoding
+    step, where they beat the fused kernel, and for CPU training where `attention` says so."""
     scores = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5  # (B, H, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, -torch.inf)
-    return scores.softmax(dim=-1) @ v
+    return dropout(scores.softmax(dim=-1), p_drop, p_drop > 0) @ v
 
 
 def sinusoids(length: int, d_model: int) -> Tensor:
@@ -90,7 +88,7 @@ class SelfAttention(nn.Module):
         v_cache[t] = v
         keys = k_cache[:t + 1].permute(1, 2, 0, 3)  # (B, H, t+1, Dh), a strided view
         values = v_cache[:t + 1].permute(1, 2, 0, 3)
-        y = step_attention(q[:, :, None], keys, values, None)  # (B, H, 1, Dh)
+        y = plain_attention(q[:, :, None], keys, values, None)  # (B, H, 1, Dh)
         return self.out(merge_heads(y))
 
 
@@ -115,7 +113,7 @@ class CrossAttention(nn.Module):
 
     def step(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
         """Decoding: x (n, k, D) holds the current position of a sentence's k beams, as k queries."""
-        return self.out(merge_heads(step_attention(split_heads(self.q(x), self.n_heads), k, v, src_mask)))
+        return self.out(merge_heads(plain_attention(split_heads(self.q(x), self.n_heads), k, v, src_mask)))
 
 
 class FeedForward(nn.Module):
