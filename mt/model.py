@@ -204,13 +204,23 @@ class DecoderCache:
         """Keep (and reorder) the rows in `rows` of the target-side state, e.g. to follow the beams, and, when
         sentences finish, the `sentences` kept of the encoder side. `rows` must stay grouped by sentence.
 
-        Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block.
+        Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block. While
+        all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
+        their row): this cache's buffers are then reused, as `decode_step` reuses them.
         """
         def pick_filled(buf: Tensor) -> Tensor:
             new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
             torch.index_select(buf[:self.length], 1, rows, out=new[:self.length])
             return new
 
+        if sentences is None and rows.numel() == self.self_k[0].size(1):
+            moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
+            if moved.numel() < rows.numel() // 2:
+                src = rows[moved]
+                for buf in self.self_k + self.self_v:
+                    filled = buf[:self.length]
+                    filled.index_copy_(1, moved, filled.index_select(1, src))  # sources read before any write
+                return self
         mem_k, mem_v, src_mask = self.mem_k, self.mem_v, self.src_mask
         if sentences is not None:
             mem_k = [k.index_select(0, sentences) for k in mem_k]

@@ -93,3 +93,25 @@ def test_beams_share_the_encoder_memory_and_follow_reordering():
         # Dropping the first sentence keeps the second one's state intact.
         cache = cache.select(torch.tensor([3, 4, 5]), torch.tensor([1]))
         assert cache.mem_k[0].size(0) == 1 and cache.self_k[0].size(1) == 3
+
+
+@pytest.mark.parametrize("rows", [[2, 0, 1, 5, 3, 4], [0, 0, 2, 3, 3, 5]], ids=["all-moved", "few-moved-in-place"])
+def test_cache_follows_its_rows_when_beams_are_reordered(rows):
+    model = tiny_model()
+    src, _ = random_batch(b=2)
+    _, tgt = random_batch(b=6, t=6, seed=2)  # every (sentence × beam) row its own prefix
+    k, half, rows = 3, 3, torch.tensor(rows)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.start_cache(memory, src_mask, beam=k)
+        for i in range(half):
+            _, cache = model.decode_step(tgt[:, i], cache)
+        cache = cache.select(rows)
+        followed = torch.cat([tgt[rows, :half], tgt[:, half:]], dim=1)  # the prefixes the rows now hold
+        steps = []
+        for i in range(half, tgt.size(1)):
+            logits, cache = model.decode_step(followed[:, i], cache)
+            steps.append(logits)
+        sentence = torch.arange(2).repeat_interleave(k)
+        full = model.decode(followed, memory[sentence], src_mask[sentence])
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, half:], rtol=1e-5, atol=1e-5)

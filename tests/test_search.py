@@ -105,3 +105,27 @@ def test_output_length_is_limited():
         assert len(h.tokens) <= 2  # 3 tokens including EOS
     for hs in beam_search(model, src, beam=2, max_len_a=0.0, max_len_b=3):
         assert len(hs[0].tokens) <= 2
+
+
+def test_beams_keep_their_parents_slot_so_the_cache_moves_few_rows():
+    from mt.search import slot_order
+    parents = torch.tensor([[1, 1, 1, 0], [0, 0, 2, 2], [3, 2, 1, 0]])  # the beam each next beam continues
+    at = slot_order(parents)
+    assert sorted(at[0].tolist()) == [0, 1, 2, 3]
+    # Every parent with a child keeps one in its own slot; the other children take the childless slots.
+    assert parents.gather(1, at).tolist() == [[0, 1, 1, 1], [0, 0, 2, 2], [0, 1, 2, 3]]
+    assert at.tolist() == [[3, 0, 1, 2], [0, 1, 2, 3], [3, 2, 1, 0]]
+
+
+@pytest.mark.parametrize("vocab", [8000, 8003, 100])
+def test_top_tokens_are_those_of_topk(vocab):
+    from mt.search import top_tokens
+    logp = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)).log_softmax(-1)
+    logp[1] = -torch.inf  # a row that may only end
+    logp[1, EOS] = 0.0
+    logp[2, -2] = 5.0  # the best token in the tail that fills no chunk
+    values, tokens = top_tokens(logp, 8)
+    expected = logp.topk(8, dim=1)
+    torch.testing.assert_close(values, expected.values)
+    finite = values.isfinite()
+    assert torch.equal(tokens[finite], expected.indices[finite])
