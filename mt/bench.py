@@ -232,7 +232,7 @@ def matmul_peak(precision: str, size: int = 2048, runs: int = 3) -> float:
 def bench_train(b: TrainBench) -> dict:
     from mt.config import Config
     from mt.data import Batch, Split, collate, epoch_batches
-    from mt.train import train_step
+    from mt.train import adam, train_step
 
     if b.threads:
         torch.set_num_threads(b.threads)
@@ -257,7 +257,7 @@ def bench_train(b: TrainBench) -> dict:
         fixed = Batch(src, tgt[:, :-1], tgt[:, 1:], b.batch * b.tgt_len)
         batches, load_seconds = [fixed] * total, 0.0
     model = Transformer(cfg.model).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    optimizer = adam(list(model.parameters()), cfg.train)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     device = torch.device("cpu")
     times = []
