@@ -1,7 +1,7 @@
 """Side by side: an `mt` training step against Hugging Face `MarianMTModel` at the same architecture.
 
 Both train on the same fixed-shape batches (random ids, `--batch` pairs of `--src-len` + `--tgt-len` tokens,
-dropout 0.1, label smoothing 0.1, Adam): forward, loss, backward, optimizer step. Steps alternate between the
+dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward, optimizer step. Steps alternate between the
 two systems so machine noise hits both alike; the medians are compared. Needs `pip install -e '.[bench]'`.
 
     python benchmarks/compare_train.py --preset small --precision fp32
@@ -25,7 +25,8 @@ from mt.config import Config, ModelConfig
 from mt.data import Batch
 from mt.model import Transformer
 from mt.tokenizer import EOS
-from mt.train import train_step
+from mt.memory import keep_freed_memory
+from mt.train import adam, train_step
 
 
 def marian(preset: str):
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
+    keep_freed_memory()  # as `mt` sets it, for both systems: they share this process
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     amp = torch.bfloat16 if args.precision == "bf16" else None
@@ -64,11 +66,11 @@ def main() -> None:
     cfg = Config(model=ModelConfig(**PRESETS[args.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.1))
     cfg.train.clip_norm = 1.0  # as the Hugging Face step below
     ours = Transformer(cfg.model).train()
-    ours_opt = torch.optim.Adam(ours.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    ours_opt = adam(list(ours.parameters()), cfg.train)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
 
     hf = marian(args.preset)
-    hf_opt = torch.optim.Adam(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    hf_opt = adam(list(hf.parameters()), cfg.train)
 
     def step_ours() -> None:
         train_step(ours, ours_opt, scaler, [batch], cfg, torch.device("cpu"), amp, 1e-4)

@@ -22,6 +22,7 @@ import torch
 
 from mt.bench import PRESETS, VOCAB, preset_model
 from mt.data import pad
+from mt.memory import keep_freed_memory
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
 from mt.translate import for_inference
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--int8", action="store_true", help="also time int8: mt dynamic quantization vs CT2 int8")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
+    keep_freed_memory()  # as `mt` sets it, for all systems: they share this process
     torch.set_num_threads(args.threads)
     n = args.sentences or args.batch
     g = torch.Generator().manual_seed(0)

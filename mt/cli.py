@@ -42,7 +42,9 @@ def version_callback(value: bool) -> None:
 @app.callback()
 def main(version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
-    pass
+    from mt.memory import keep_freed_memory
+
+    keep_freed_memory()
 
 
 @app.command()
