@@ -3,8 +3,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
+import mt.linear
 from mt.bench import (
     TranslateBench,
     bench_translate,
@@ -16,7 +18,7 @@ from mt.bench import (
 from mt.data import pad
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import for_inference
+from mt.translate import Bf16Linear, for_inference
 
 
 def test_fixed_output_length_makes_random_weights_do_full_work():
@@ -36,6 +38,22 @@ def test_int8_model_stays_close_to_fp32():
     with torch.no_grad():
         full, q = model(src, tgt), quantized(src, tgt)
     assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_int8_output_layer_is_bf16_only_on_cpus_that_multiply_bf16(monkeypatch, bf16):
+    flags = "fpu avx512f avx512_vnni" + (" avx512_bf16" if bf16 else "")
+    monkeypatch.setattr(mt.linear, "cpuinfo", lambda field: flags if field == "flags" else "")
+    model = preset_model("small")
+    quantized = for_inference(copy.deepcopy(model), "int8")
+    assert isinstance(quantized.output, Bf16Linear) == bf16
+    src = pad([[5, 6, 7, 8, 9, 10]], [], [EOS])
+    tgt = torch.tensor([[2, 11, 12, 13]])
+    with torch.no_grad():
+        h = model.decoder_states(tgt, *model.encode(src))
+        full, out = model.output(h), quantized.output(h)
+    assert out.dtype == torch.float32
+    assert (out - full).abs().max() <= 0.01 * full.abs().max()
 
 
 def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
