@@ -208,19 +208,26 @@ class DecoderCache:
         all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
         their row): this cache's buffers are then reused, as `decode_step` reuses them.
         """
+        width = self.self_k[0].size(1)
+
+        def at_filled(r: Tensor) -> Tensor:
+            """Rows r at every filled position, as indices into a buffer's `as_rows` view."""
+            return (torch.arange(self.length, device=r.device)[:, None] * width + r).view(-1)
+
         def pick_filled(buf: Tensor) -> Tensor:
             new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
-            torch.index_select(buf[:self.length], 1, rows, out=new[:self.length])
+            torch.index_select(as_rows(buf), 0, picked, out=as_rows(new)[:picked.numel()])
             return new
 
-        if sentences is None and rows.numel() == self.self_k[0].size(1):
+        if sentences is None and rows.numel() == width:
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
             if moved.numel() < rows.numel() // 2:
-                src = rows[moved]
+                to, src = at_filled(moved), at_filled(rows[moved])
                 for buf in self.self_k + self.self_v:
-                    filled = buf[:self.length]
-                    filled.index_copy_(1, moved, filled.index_select(1, src))  # sources read before any write
+                    flat = as_rows(buf)
+                    flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
                 return self
+        picked = at_filled(rows)
         mem_k, mem_v, src_mask = self.mem_k, self.mem_v, self.src_mask
         if sentences is not None:
             mem_k = [k.index_select(0, sentences) for k in mem_k]
@@ -327,6 +334,11 @@ class Transformer(nn.Module):
         logits = self.output(self.dec_norm(x[:, 0]))
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam)
+
+
+def as_rows(buf: Tensor) -> Tensor:
+    """A (L, B, H, Dh) buffer as (L * B, H * Dh) rows: indexing whole rows of a 2-D tensor is the fastest copy."""
+    return buf.view(-1, buf.size(2) * buf.size(3))
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
