@@ -33,7 +33,9 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     transposed (`FrozenLinear`), or int8 dynamically quantized.
 
     int8 quantizes every nn.Linear's weights but the output layer's once and each activation on the fly (CPU
-    only): roughly twice the fp32 speed on CPUs with VNNI, at a small cost in BLEU (measure it with `mt evaluate`). The model is changed
+    only): roughly twice the fp32 speed on CPUs with VNNI, at a small cost in BLEU (measure it with `mt evaluate`).
+    Each activation's scale spans the whole batch, so an int8 translation may change slightly with the sentences
+    batched beside it; fp32 translates a sentence the same alone or in any batch. The model is changed
     in place and can no longer be trained.
     """
     if precision not in PRECISIONS:
