@@ -214,11 +214,6 @@ class DecoderCache:
             """Rows r at every filled position, as indices into a buffer's `as_rows` view."""
             return (torch.arange(self.length, device=r.device)[:, None] * width + r).view(-1)
 
-        def pick_filled(buf: Tensor) -> Tensor:
-            new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
-            torch.index_select(as_rows(buf), 0, picked, out=as_rows(new)[:picked.numel()])
-            return new
-
         if sentences is None and rows.numel() == width:
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
             if moved.numel() < rows.numel() // 2:
@@ -228,6 +223,12 @@ class DecoderCache:
                     flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
                 return self
         picked = at_filled(rows)
+
+        def pick_filled(buf: Tensor) -> Tensor:
+            new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
+            torch.index_select(as_rows(buf), 0, picked, out=as_rows(new)[:picked.numel()])
+            return new
+
         mem_k, mem_v, src_mask = self.mem_k, self.mem_v, self.src_mask
         if sentences is not None:
             mem_k = [k.index_select(0, sentences) for k in mem_k]
