@@ -66,6 +66,8 @@ def prepare(
     max_tokens: Annotated[int, typer.Option(help="Drop training pairs with more pieces on either side.")] = 254,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate training pairs.")] = False,
     encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = "strict",
+    subword_samples: Annotated[int, typer.Option(help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. 0: off.")] = 0,
+    subword_alpha: Annotated[float, typer.Option(help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = 0.3,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
@@ -80,7 +82,7 @@ def prepare(
                    vocab_size=vocab_size, joint=not separate_vocab, model_type=model_type,
                    spm_sentences=spm_sentences, max_words=max_words,
                    max_ratio=max_ratio, max_tokens=max_tokens, dedup=dedup, encoding_errors=encoding_errors,
-                   progress=not quiet)
+                   subword_samples=subword_samples, subword_alpha=subword_alpha, progress=not quiet)
     except user_errors() as e:
         fail(str(e))
     typer.echo(summary(meta))

@@ -49,6 +49,16 @@ class Split:
         return self.tgt_ids[self.tgt_off[i]:self.tgt_off[i + 1]]
 
 
+def train_splits(data_dir: str | Path) -> list[Split]:
+    """The training data as the epochs take it in turn (epoch e: item e mod N): the copies segmented by sampling
+    that `mt prepare --subword-samples N` wrote, or else the one split of best segmentations."""
+    d = Path(data_dir)
+    copies: list[Split] = []
+    while (d / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
+        copies.append(Split(d, f"train-sample{len(copies) + 1}"))
+    return copies or [Split(d, "train")]
+
+
 def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
     """Group example indices into batches of similar length whose padded size stays within `max_tokens`.
 

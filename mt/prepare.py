@@ -7,6 +7,8 @@
     {split}.{side}.ids.npy         1-D, every sentence's piece ids concatenated; uint16 (int32 if vocab >= 65536)
     {split}.{side}.offsets.npy     1-D int64, n + 1 entries: sentence i is ids[offsets[i]:offsets[i + 1]]
     valid.{side}.txt, test.{side}.txt   normalised text, one line per input line: the references for BLEU
+    train-sample{k}.{side}.ids.npy, .offsets.npy   with `subword_samples`: the training pairs again, k = 1..N,
+                                   each segmented by sampling (subword regularization); training takes one per epoch
 
 Ids are pieces only; BOS/EOS are added where sequences are batched. The .npy files open with
 `np.load(path, mmap_mode="r")`, so training never loads a corpus into memory.
@@ -65,6 +67,8 @@ def prepare(
     dedup: bool = False,
     spm_sentences: int = 1_000_000,
     encoding_errors: str = "strict",
+    subword_samples: int = 0,
+    subword_alpha: float = 0.3,
     progress: bool = True,
 ) -> dict:
     """Prepare `out_dir` for training `src` -> `tgt` and return the meta dict written to its meta.json.
@@ -73,6 +77,8 @@ def prepare(
     (see `mt.corpus.find_source`) that replace the named corpus's split, or stand alone without one. Training pairs
     are cleaned (`mt.corpus.clean_pairs`), then those with more than `max_tokens` pieces on either side are dropped;
     valid and test pairs are only normalised, never dropped. `spm_sentences` caps the lines SentencePiece samples.
+    `subword_samples` > 0 also writes that many copies of the kept training pairs, each segmented by sampling at
+    smoothness `subword_alpha` (repeatably: each draw is seeded), for training to take one per epoch in turn.
     """
     out_dir = Path(out_dir).absolute()
     if src == tgt:
@@ -85,6 +91,9 @@ def prepare(
         )
     if spm_sentences < 1:
         raise CorpusError(f"spm_sentences={spm_sentences}: SentencePiece needs at least one sentence to sample")
+    if subword_samples < 0 or subword_samples and not 0 < subword_alpha <= 1:
+        raise CorpusError(f"subword samples {subword_samples}, alpha {subword_alpha}: give samples >= 0 and "
+                          f"0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
     if corpus is None and train is None:
         raise CorpusError("no training data: name a corpus (e.g. multi30k) or give a train spec")
     _check_replaceable(out_dir)
@@ -118,8 +127,10 @@ def prepare(
 
         splits = {}
         for split in sources:
-            limit = max_tokens if split == "train" else None
-            splits[split] = _encode_split(tmp, split, tokenizers, limit, counts, progress)
+            train_split = split == "train"
+            splits[split] = _encode_split(tmp, split, tokenizers, max_tokens if train_split else None, counts,
+                                          subword_samples if train_split else 0, subword_alpha, progress)
+        samples = splits["train"].pop("sampled", None)
         # The cleaned training text also holds pairs dropped for too many tokens; the ids are the truth.
         for side in SIDES:
             (tmp / f"train.{side}.txt").unlink()
@@ -142,6 +153,7 @@ def prepare(
                 "tgt": model_files["tgt"],
             },
             "splits": splits,
+            "subword_sampling": {"samples": subword_samples, "alpha": subword_alpha, **samples} if samples else None,
             "cleaning": counts.as_dict(),
             "filters": {
                 "max_words": max_words,
@@ -195,6 +207,11 @@ def summary(meta: dict) -> str:
         ]
     )
     lines.append(f"  train cleaning: read {c['read']:,}, kept {c['kept']:,}, removed {removed:,} ({reasons})")
+    if sampling := meta.get("subword_sampling"):
+        train = meta["splits"]["train"]
+        longer = {side: sampling[f"{side}_tokens"] / (sampling["samples"] * train[f"{side}_tokens"]) - 1 for side in SIDES}
+        lines.append(f"  train sampled {sampling['samples']} times more (alpha {sampling['alpha']:g}): "
+                     f"{longer['src']:+.0%} src, {longer['tgt']:+.0%} tgt tokens per sentence")
     return "\n".join(lines)
 
 
@@ -277,31 +294,44 @@ def _encode_split(
     tokenizers: dict[str, Tokenizer],
     max_tokens: int | None,
     counts: CleanCounts,
+    samples: int,
+    alpha: float,
     progress: bool,
-) -> dict[str, int]:
-    """Encode `{split}.{side}.txt` into ids/offsets arrays, dropping pairs over `max_tokens` (None: keep all)."""
+) -> dict:
+    """Encode `{split}.{side}.txt` into ids/offsets arrays, dropping pairs over `max_tokens` (None: keep all).
+
+    With `samples`, the kept pairs are encoded that many times more by sampling at `alpha`, into
+    `{split}-sample{k}`; their totals come back under "sampled". The best segmentation decides what is kept, so
+    every copy holds the same pairs in the same order.
+    """
     writers = {side: _IdsWriter(directory / f"{split}.{side}", tokenizers[side].vocab_size) for side in SIDES}
+    sampled = [{side: _IdsWriter(directory / f"{split}-sample{k}.{side}", tokenizers[side].vocab_size)
+                for side in SIDES} for k in range(1, samples + 1)]
     lines = zip(
         _read_text(directory / f"{split}.src.txt"), _read_text(directory / f"{split}.tgt.txt"), strict=True
     )
+    draws = itertools.count(1)  # each sampling call's seed: the copies are repeatable, and differ
     with tqdm(desc=f"encode {split}", unit=" pairs", disable=not progress or not sys.stderr.isatty()) as bar:
         while chunk := list(itertools.islice(lines, CHUNK_LINES)):
+            bar.update(len(chunk))
             src_ids = tokenizers["src"].encode([s for s, _ in chunk])
             tgt_ids = tokenizers["tgt"].encode([t for _, t in chunk])
             if max_tokens is not None:
-                kept = [
-                    (s, t)
-                    for s, t in zip(src_ids, tgt_ids, strict=True)
-                    if len(s) <= max_tokens and len(t) <= max_tokens
-                ]
-                counts.too_many_tokens += len(chunk) - len(kept)
-                src_ids, tgt_ids = [s for s, _ in kept], [t for _, t in kept]
+                keep = [len(s) <= max_tokens and len(t) <= max_tokens for s, t in zip(src_ids, tgt_ids, strict=True)]
+                counts.too_many_tokens += keep.count(False)
+                chunk, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (chunk, src_ids, tgt_ids))
             writers["src"].write(src_ids)
             writers["tgt"].write(tgt_ids)
-            bar.update(len(chunk))
+            for copy in sampled:
+                for i, side in enumerate(SIDES):
+                    copy[side].write(tokenizers[side].encode([pair[i] for pair in chunk], alpha, next(draws)))
     n_src, src_tokens = writers["src"].close()
     _, tgt_tokens = writers["tgt"].close()
-    return {"pairs": n_src, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+    totals = {"pairs": n_src, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
+    if sampled:
+        closed = [{side: copy[side].close()[1] for side in SIDES} for copy in sampled]
+        totals["sampled"] = {f"{side}_tokens": sum(c[side] for c in closed) for side in SIDES}
+    return totals
 
 
 class _IdsWriter:

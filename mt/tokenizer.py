@@ -35,9 +35,18 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        """Pieces' ids only: BOS/EOS are added where a sequence is batched, not here."""
-        return self.sp.encode(list(lines), out_type=int)
+    def encode(self, lines: Sequence[str], alpha: float | None = None, seed: int = 0) -> list[list[int]]:
+        """Pieces' ids only: BOS/EOS are added where a sequence is batched, not here.
+
+        With `alpha`, each line's segmentation is sampled instead of the best one (subword regularization, Kudo
+        2018): the lower alpha, the more varied and the longer. The draw is a function of `seed`: SentencePiece
+        seeds each call's sampler from its global seed, set here, and samples on one thread to keep it so.
+        """
+        if alpha is None:
+            return self.sp.encode(list(lines), out_type=int)
+        spm.set_random_generator_seed(seed)
+        return self.sp.encode(list(lines), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1,
+                              num_threads=1)
 
     def encode_pieces(self, line: str) -> list[str]:
         return self.sp.encode(line, out_type=str)

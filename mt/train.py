@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from mt import checkpoint, distributed
 from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
-from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches
+from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches, train_splits
 from mt.loss import label_smoothed_nll
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import PAD, Tokenizer
@@ -231,7 +231,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     if t.compile:
         forward = torch.compile(forward)
 
-    train_split = Split(data_dir, "train")
+    train_data = train_splits(data_dir)
     valid_split = Split(data_dir, "valid") if (data_dir / "valid.src.ids.npy").is_file() else None
     valid_refs = read_lines(data_dir / "valid.tgt.txt") if valid_split is not None else None
     log = None
@@ -242,7 +242,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     say = (lambda msg: tqdm.write(msg, file=sys.stderr)) if progress else (lambda msg: None)
     say(f"model: {count_parameters(model):,} parameters · device {device}"
         + (f" × {world} processes" if world > 1 else "")
-        + f" · precision {amp_dtype or torch.float32} · {len(train_split):,} training pairs")
+        + f" · precision {amp_dtype or torch.float32} · {len(train_data[0]):,} training pairs"
+        + (f", {len(train_data)} sampled segmentations" if len(train_data) > 1 else ""))
 
     def record(entry: dict) -> None:
         if log is not None:
@@ -305,7 +306,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     bad_steps = 0  # skipped steps in a row
     per_step = world * t.accumulate
     pin = device.type == "cuda"  # pinned host memory lets the copy to the GPU run asynchronously
-    steps = Prefetch((pinned(s) if pin else s for s in step_batches(train_split, cfg, pos.epoch, pos.batch, world,
+    steps = Prefetch((pinned(s) if pin else s for s in step_batches(train_data, cfg, pos.epoch, pos.batch, world,
                                                                     rank)), depth=2)
     try:
         halt = distributed.agree_max(STOP_TIME if main and (out_of_time(t, pos, started) or out_of_patience(t, pos))
@@ -537,14 +538,17 @@ class StepBatches:
     n_tokens: int  # target tokens of the whole step, all ranks' batches: the loss is normalised by them
 
 
-def step_batches(split: Split, cfg: Config, epoch: int, batch: int, world: int, rank: int) -> Iterator[StepBatches]:
-    """The steps from batch `batch` of epoch `epoch` on, forever. Each takes world × accumulate consecutive batches
-    of the epoch's list, and rank r collates the r-th, (r + world)-th, ... of them. An epoch's tail too short for a
-    whole step is left out (the next epoch's shuffle brings its examples back)."""
+def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world: int, rank: int
+                 ) -> Iterator[StepBatches]:
+    """The steps from batch `batch` of epoch `epoch` on, forever. Epoch e reads splits[e mod len(splits)] (see
+    `train_splits`). Each step takes world × accumulate consecutive batches of the epoch's list, and rank r
+    collates the r-th, (r + world)-th, ... of them. An epoch's tail too short for a whole step is left out (the
+    next epoch's shuffle brings its examples back)."""
     t, max_len = cfg.train, cfg.model.max_len
     per_step = world * t.accumulate
-    tgt_lens = split.tgt_lens
     while True:
+        split = splits[epoch % len(splits)]
+        tgt_lens = split.tgt_lens
         batches = epoch_batches(split, t.max_tokens, max_len, t.seed, epoch)
         if len(batches) < per_step:
             raise TrainError(f"an epoch has {len(batches)} batches, fewer than the {per_step} of one step "

@@ -1,9 +1,13 @@
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
-from mt.data import Split, batch_by_tokens, collate, epoch_batches
+from mt.config import Config
+from mt.data import Split, batch_by_tokens, collate, epoch_batches, train_splits
 from mt.tokenizer import BOS, EOS, PAD
+from mt.train import step_batches
 
 
 def write_split(tmp_path, name, src_seqs, tgt_seqs):
@@ -40,6 +44,23 @@ def test_epoch_order_is_a_function_of_seed_and_epoch(tmp_path):
     c = epoch_batches(split, 50, 64, seed=1, epoch=1)
     assert [x.tolist() for x in a] == [x.tolist() for x in b]
     assert [x.tolist() for x in a] != [x.tolist() for x in c]
+
+
+def test_epochs_take_the_sampled_copies_in_turn(tmp_path):
+    # Copy k's pieces are all 100 k + something: each batch tells which copy it came from.
+    lengths = range(1, 13)
+    write_split(tmp_path, "train", *[[[4] * n for n in lengths]] * 2)
+    assert [s.name for s in train_splits(tmp_path)] == ["train"]  # no copies: the best segmentation
+    for k in (1, 2, 3):
+        write_split(tmp_path, f"train-sample{k}", *[[[100 * k + i for i in range(n)] for n in lengths]] * 2)
+    assert [s.name for s in train_splits(tmp_path)] == ["train-sample1", "train-sample2", "train-sample3"]
+
+    cfg = Config()
+    cfg.train.max_tokens, cfg.train.accumulate = 24, 1
+    copies_seen = {}
+    for step in itertools.islice(step_batches(train_splits(tmp_path), cfg, 0, 0, world=1, rank=0), 40):
+        copies_seen.setdefault(step.epoch, set()).update(int(b.src[0, 0]) // 100 for b in step.group)
+    assert copies_seen == {epoch: {epoch % 3 + 1} for epoch in copies_seen} and len(copies_seen) > 3
 
 
 def test_collate_adds_specials_and_pads_per_batch(tmp_path):

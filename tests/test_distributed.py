@@ -52,8 +52,8 @@ def config(data: Path, **train_changes) -> Config:
 
 def test_ranks_split_each_step_as_one_process_accumulates_it(prepared):
     split = Split(prepared, "train")
-    one = step_batches(split, config(prepared, accumulate=4), 0, 0, world=1, rank=0)
-    ranks = [step_batches(split, config(prepared, accumulate=2), 0, 0, world=2, rank=r) for r in (0, 1)]
+    one = step_batches([split], config(prepared, accumulate=4), 0, 0, world=1, rank=0)
+    ranks = [step_batches([split], config(prepared, accumulate=2), 0, 0, world=2, rank=r) for r in (0, 1)]
     for _ in range(16):  # a few epochs: the steps roll over epochs at the same points
         single, *per_rank = next(one), *(next(r) for r in ranks)
         for step in per_rank:

@@ -314,3 +314,34 @@ def test_ids_are_written_in_blocks_that_add_up_to_the_whole(tmp_path, monkeypatc
     assert ids.dtype == np.uint16 and offsets[0] == 0 and len(offsets) == 58
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(57)] == sentences
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.src.ids.npy", "train.src.offsets.npy"]
+
+
+def test_subword_samples_are_other_segmentations_of_the_same_training_pairs(tmp_path, handmade):
+    out = tmp_path / "prepared"
+    meta = prepare(out, "de", "en", **handmade, vocab_size=120, max_tokens=17, subword_samples=3, subword_alpha=0.1,
+                   progress=False)
+    tokenizer = Tokenizer.load(out / "spm.model")
+    kept = meta["splits"]["train"]["pairs"]
+    assert 0 < meta["cleaning"]["too_many_tokens"] and kept == meta["cleaning"]["kept"]  # the filter did drop some
+    assert meta["subword_sampling"]["samples"] == 3 and meta["subword_sampling"]["alpha"] == 0.1
+    for side in ("src", "tgt"):
+        best = [ids.tolist() for ids in _sentences(out, "train", side)]
+        copies = [[ids.tolist() for ids in _sentences(out, f"train-sample{k}", side)] for k in (1, 2, 3)]
+        for k, copy in enumerate(copies, 1):
+            # The same pairs in the same order (the ones the best segmentation kept), in other pieces.
+            assert decode_split(out, f"train-sample{k}", side, tokenizer) == decode_split(out, "train", side, tokenizer)
+            assert sum(c != b for c, b in zip(copy, best, strict=True)) > kept // 4
+        assert copies[0] != copies[1] != copies[2]
+        assert sum(map(len, itertools.chain(*copies))) == meta["subword_sampling"][f"{side}_tokens"]
+    assert "train sampled 3 times more (alpha 0.1)" in summary(meta)
+
+    # Repeatable: the sampler is seeded.
+    again = prepare(tmp_path / "again", "de", "en", **handmade, vocab_size=120, max_tokens=17, subword_samples=3,
+                    subword_alpha=0.1, progress=False)
+    assert again["subword_sampling"] == meta["subword_sampling"]
+    assert (tmp_path / "again/train-sample2.tgt.ids.npy").read_bytes() == (out / "train-sample2.tgt.ids.npy").read_bytes()
+
+
+def _sentences(out: Path, split: str, side: str) -> list[np.ndarray]:
+    ids, offsets = load_split(out, split, side)
+    return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
