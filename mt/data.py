@@ -59,6 +59,11 @@ def train_splits(data_dir: str | Path) -> list[Split]:
     return copies or [Split(d, "train")]
 
 
+def epoch_split(splits: list[Split], epoch: int) -> Split:
+    """The one of `train_splits` that epoch `epoch` reads."""
+    return splits[epoch % len(splits)]
+
+
 def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
     """Group example indices into batches of similar length whose padded size stays within `max_tokens`.
 

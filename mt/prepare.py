@@ -125,12 +125,13 @@ def prepare(
         model_files = _train_tokenizers(tmp, joint, vocab_size, model_type, spm_sentences)
         tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
 
-        splits = {}
+        splits, samples = {}, None
         for split in sources:
             train_split = split == "train"
-            splits[split] = _encode_split(tmp, split, tokenizers, max_tokens if train_split else None, counts,
-                                          subword_samples if train_split else 0, subword_alpha, progress)
-        samples = splits["train"].pop("sampled", None)
+            splits[split], sampled = _encode_split(tmp, split, tokenizers, max_tokens if train_split else None,
+                                                   counts, subword_samples if train_split else 0, subword_alpha,
+                                                   progress)
+            samples = samples or sampled  # only the training split is sampled
         # The cleaned training text also holds pairs dropped for too many tokens; the ids are the truth.
         for side in SIDES:
             (tmp / f"train.{side}.txt").unlink()
@@ -297,11 +298,12 @@ def _encode_split(
     samples: int,
     alpha: float,
     progress: bool,
-) -> dict:
+) -> tuple[dict[str, int], dict[str, int] | None]:
     """Encode `{split}.{side}.txt` into ids/offsets arrays, dropping pairs over `max_tokens` (None: keep all).
+    Returns the split's pairs and tokens, and the sampled copies' tokens (None without `samples`).
 
     With `samples`, the kept pairs are encoded that many times more by sampling at `alpha`, into
-    `{split}-sample{k}`; their totals come back under "sampled". The best segmentation decides what is kept, so
+    `{split}-sample{k}`. The best segmentation decides what is kept, so
     every copy holds the same pairs in the same order.
     """
     writers = {side: _IdsWriter(directory / f"{split}.{side}", tokenizers[side].vocab_size) for side in SIDES}
@@ -327,11 +329,9 @@ def _encode_split(
                     copy[side].write(tokenizers[side].encode([pair[i] for pair in chunk], alpha, next(draws)))
     n_src, src_tokens = writers["src"].close()
     _, tgt_tokens = writers["tgt"].close()
-    totals = {"pairs": n_src, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}
-    if sampled:
-        closed = [{side: copy[side].close()[1] for side in SIDES} for copy in sampled]
-        totals["sampled"] = {f"{side}_tokens": sum(c[side] for c in closed) for side in SIDES}
-    return totals
+    closed = [{side: copy[side].close()[1] for side in SIDES} for copy in sampled]
+    sampled_tokens = {f"{side}_tokens": sum(c[side] for c in closed) for side in SIDES} if closed else None
+    return {"pairs": n_src, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}, sampled_tokens
 
 
 class _IdsWriter:

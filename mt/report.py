@@ -16,7 +16,7 @@ import torch
 from mt import checkpoint
 from mt.checkpoint import load_model
 from mt.config import Config
-from mt.data import epoch_batches, train_splits
+from mt.data import epoch_batches, epoch_split, train_splits
 from mt.evaluate import EvaluateError, read_text, score, write_lines
 from mt.model import count_parameters
 from mt.translate import Options, translate_stream
@@ -66,9 +66,8 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
     """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
     t = cfg.train
-    splits = train_splits(data_dir)
-    batches = epoch_batches(splits[position["epoch"] % len(splits)], t.max_tokens, cfg.model.max_len, t.seed,
-                            position["epoch"])
+    split = epoch_split(train_splits(data_dir), position["epoch"])
+    batches = epoch_batches(split, t.max_tokens, cfg.model.max_len, t.seed, position["epoch"])
     return position["epoch"] + position["batch"] / len(batches)
 
 

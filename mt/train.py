@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from mt import checkpoint, distributed
 from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
-from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches, train_splits
+from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches, epoch_split, train_splits
 from mt.loss import label_smoothed_nll
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import PAD, Tokenizer
@@ -540,14 +540,13 @@ class StepBatches:
 
 def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world: int, rank: int
                  ) -> Iterator[StepBatches]:
-    """The steps from batch `batch` of epoch `epoch` on, forever. Epoch e reads splits[e mod len(splits)] (see
-    `train_splits`). Each step takes world × accumulate consecutive batches of the epoch's list, and rank r
+    """The steps from batch `batch` of epoch `epoch` on, forever, each epoch from its `epoch_split`. Each step takes world × accumulate consecutive batches of the epoch's list, and rank r
     collates the r-th, (r + world)-th, ... of them. An epoch's tail too short for a whole step is left out (the
     next epoch's shuffle brings its examples back)."""
     t, max_len = cfg.train, cfg.model.max_len
     per_step = world * t.accumulate
     while True:
-        split = splits[epoch % len(splits)]
+        split = epoch_split(splits, epoch)
         tgt_lens = split.tgt_lens
         batches = epoch_batches(split, t.max_tokens, max_len, t.seed, epoch)
         if len(batches) < per_step:
