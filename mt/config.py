@@ -54,6 +54,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0: no clipping
+    # Decay of an exponential moving average of the weights (mt/ema.py), e.g. 0.999: about the last 1,000 steps;
+    # 0: off. When on, validation, best.pt and the checkpoints' weights are the average; training goes on from
+    # the raw weights, which last.pt and the numbered checkpoints keep too, for resuming.
+    ema: float = 0.0
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
@@ -157,7 +161,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={value}: must be positive")
     for key, value in {"model.dropout": m.dropout, "model.attn_dropout": m.attn_dropout,
                        "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing,
-                       "train.cooldown": t.cooldown}.items():
+                       "train.cooldown": t.cooldown, "train.ema": t.ema}.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key}={value}: must be in [0, 1)")
     if t.patience < 0:

@@ -5,7 +5,8 @@ mixed precision on GPU, validation (loss and BLEU), `last.pt` / `best.pt` checkp
 A run directory holds `last.pt` (everything needed to resume) and the newest `train.keep_checkpoints`
 `checkpoint-{step}.pt` (the same, for falling back when `last.pt` is damaged), `best.pt` (best validation BLEU,
 weights and config only), `config.yaml` (the resolved config) and `log.jsonl` (one JSON object per log or
-validation).
+validation). With `train.ema`, the weights validated and saved as "model" are the exponential moving average
+(mt/ema.py); the raw weights training goes on from are saved beside the optimizer, as "weights".
 
 A step whose loss or gradients are not finite is skipped (see `train_step`): its batches are consumed, but the
 weights, the optimizer and `Position.step` stay as they were, so `max_steps` and the schedule count real updates.
@@ -58,6 +59,7 @@ from tqdm import tqdm
 from mt import checkpoint, distributed
 from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
 from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches, epoch_split, train_splits
+from mt.ema import WeightAverage
 from mt.loss import label_smoothed_nll
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import PAD, Tokenizer
@@ -212,7 +214,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     pos = Position()
     best_bleu = -math.inf  # the best validation score: BLEU, or minus the loss when BLEU is off
     if state is not None:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state["train"].get("weights", state["model"]))  # raw weights, if "model" is the EMA
         optimizer.load_state_dict(state["train"]["optimizer"])
         scaler.load_state_dict(state["train"]["scaler"])
         pos = Position(**state["train"]["position"])
@@ -224,10 +226,13 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             print(f"note: {resume_path} was trained with {steps_before} batches per step; from step {pos.step} on "
                   f"a step takes {world * t.accumulate} ({world} processes × train.accumulate={t.accumulate})",
                   file=sys.stderr)
+    # The weights validated and saved: the moving average, kept by rank 0 alone, or the trained model itself.
+    averaged = WeightAverage(model, t.ema, state and state["model"]) if t.ema and main else None
+    served = averaged.model if averaged else model
     if rank > 0:  # a dropout stream of its own (see the top)
         torch.manual_seed(rank_seed(t.seed, rank, pos.step))
     ddp = distributed.wrap(model, device)  # None in a single process
-    forward = ddp or model  # what the training step calls; `model` is what is validated and saved
+    forward = ddp or model  # what the training step calls; `served` is what is validated and saved
     if t.compile:
         forward = torch.compile(forward)
 
@@ -251,7 +256,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             log.flush()
 
     def snapshot(metrics: dict) -> dict:
-        return {"model": model.state_dict(), "config": to_dict(cfg),
+        return {"model": served.state_dict(), "config": to_dict(cfg),
                 "spm": {"src": src_tok.model_proto, "tgt": tgt_tok.model_proto},
                 "langs": {"src": meta.get("src"), "tgt": meta.get("tgt")}, "step": pos.step, "metrics": metrics}
 
@@ -267,6 +272,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
         s["train"] = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                       "position": vars(pos) | {"elapsed": pos.elapsed + time.time() - started},
                       "best_bleu": best_bleu, "rng": rng_state(device), "world_size": world}
+        if averaged:
+            s["train"]["weights"] = model.state_dict()
         checkpoint.save_last(s, out_dir, t.keep_checkpoints)
 
     def validate_and_save() -> dict:
@@ -277,7 +284,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             metrics = {"step": pos.step, "epoch": pos.epoch}
             if valid_split is not None:
                 valid_started = time.time()
-                metrics |= validation_metrics(model, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
+                metrics |= validation_metrics(served, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
                 metrics["valid_seconds"] = time.time() - valid_started
             metrics["elapsed"] = pos.elapsed + time.time() - started
             score = metrics.get("valid_bleu", -metrics.get("valid_loss", 0.0))
@@ -325,6 +332,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             pos.batch += per_step  # a skipped step's batches are consumed too: a bad batch is not retried forever
             if applied:
                 pos.step += 1
+                if averaged:
+                    averaged.update(model, pos.step)
                 bad_steps = 0
                 interval["loss"] += loss
                 interval["tokens"] += data.n_tokens

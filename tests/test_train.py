@@ -84,18 +84,44 @@ def small_config(data, **train_changes):
     return cfg
 
 
-def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path):
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, ema):
     from mt import checkpoint
     from mt.train import train
 
-    train(small_config(prepared, max_steps=30), tmp_path / "straight", progress=False)
-    train(small_config(prepared, max_steps=20), tmp_path / "resumed", progress=False)
-    train(small_config(prepared, max_steps=30), tmp_path / "resumed", resume=True, progress=False)
+    train(small_config(prepared, max_steps=30, ema=ema), tmp_path / "straight", progress=False)
+    train(small_config(prepared, max_steps=20, ema=ema), tmp_path / "resumed", progress=False)
+    train(small_config(prepared, max_steps=30, ema=ema), tmp_path / "resumed", resume=True, progress=False)
     a = checkpoint.load(tmp_path / "straight" / "last.pt")
     b = checkpoint.load(tmp_path / "resumed" / "last.pt")
     assert a["step"] == b["step"] == 30
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
+    weights = [("model", a["model"], b["model"])]
+    if ema:  # the moving average and the raw weights training goes on from
+        weights.append(("weights", a["train"]["weights"], b["train"]["weights"]))
+    for kind, wa, wb in weights:
+        for name, tensor in wa.items():
+            assert torch.equal(tensor, wb[name]), f"{kind}: {name}"
+
+
+def test_with_ema_the_saved_model_is_the_moving_average_of_the_trained_weights(prepared, tmp_path):
+    from mt import checkpoint
+    from mt.ema import decay_at
+    from mt.train import train
+
+    run = tmp_path / "run"
+    train(small_config(prepared, max_steps=40, ema=0.9, valid_every=1, keep_checkpoints=40, valid_bleu=False),
+          run, progress=False)
+    states = {step: checkpoint.load(path) for step, path in checkpoint.numbered(run)}
+    assert sorted(states) == list(range(1, 41))
+    for step in range(2, 41):
+        d = decay_at(step, 0.9)
+        for name, avg in states[step]["model"].items():
+            expected = d * states[step - 1]["model"][name] + (1 - d) * states[step]["train"]["weights"][name]
+            torch.testing.assert_close(avg, expected, msg=f"step {step}: {name}")
+    raw, avg = states[40]["train"]["weights"], states[40]["model"]
+    assert any(not torch.equal(raw[name], avg[name]) for name in raw)  # the average is not the raw model
+    best = checkpoint.load(run / "best.pt")  # what `mt translate` uses is an average too, the best validated
+    assert all(torch.equal(tensor, states[best["step"]]["model"][name]) for name, tensor in best["model"].items())
 
 
 def test_a_run_directory_is_never_overwritten(prepared, tmp_path):
