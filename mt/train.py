@@ -219,6 +219,13 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
         scaler.load_state_dict(state["train"]["scaler"])
         pos = Position(**state["train"]["position"])
         best_bleu = state["train"]["best_bleu"]
+        if (state["config"]["train"].get("ema", 0.0) > 0) != (t.ema > 0):
+            # The best score so far was another kind of weights' (the average, or the raw model): not comparable.
+            best_bleu, pos.stale = -math.inf, 0
+            if main:
+                print(f"note: train.ema is now {'on' if t.ema else 'off'}: validation and best.pt start afresh "
+                      f"from step {pos.step}, on the {'moving average' if t.ema else 'raw weights'}",
+                      file=sys.stderr)
         if main:
             restore_rng(state["train"]["rng"], device)
         steps_before = state["train"].get("world_size", 1) * state["config"]["train"]["accumulate"]
@@ -227,8 +234,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
                   f"a step takes {world * t.accumulate} ({world} processes × train.accumulate={t.accumulate})",
                   file=sys.stderr)
     # The weights validated and saved: the moving average, kept by rank 0 alone, or the trained model itself.
-    averaged = WeightAverage(model, t.ema, state and state["model"]) if t.ema and main else None
-    served = averaged.model if averaged else model
+    averaged = WeightAverage(model, t.ema, state["model"] if state is not None else None) if t.ema and main else None
+    served = averaged.model if averaged is not None else model
     if rank > 0:  # a dropout stream of its own (see the top)
         torch.manual_seed(rank_seed(t.seed, rank, pos.step))
     ddp = distributed.wrap(model, device)  # None in a single process
@@ -272,7 +279,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
         s["train"] = {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                       "position": vars(pos) | {"elapsed": pos.elapsed + time.time() - started},
                       "best_bleu": best_bleu, "rng": rng_state(device), "world_size": world}
-        if averaged:
+        if averaged is not None:
             s["train"]["weights"] = model.state_dict()
         checkpoint.save_last(s, out_dir, t.keep_checkpoints)
 
@@ -332,7 +339,7 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             pos.batch += per_step  # a skipped step's batches are consumed too: a bad batch is not retried forever
             if applied:
                 pos.step += 1
-                if averaged:
+                if averaged is not None:
                     averaged.update(model, pos.step)
                 bad_steps = 0
                 interval["loss"] += loss

@@ -103,6 +103,22 @@ def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, ema):
             assert torch.equal(tensor, wb[name]), f"{kind}: {name}"
 
 
+def test_a_run_resumed_with_ema_switched_off_goes_on_from_the_raw_weights(prepared, tmp_path, capsys):
+    from mt import checkpoint
+    from mt.train import train
+
+    train(small_config(prepared, max_steps=30, ema=0.9), tmp_path / "straight", progress=False)
+    train(small_config(prepared, max_steps=20, ema=0.9), tmp_path / "resumed", progress=False)
+    train(small_config(prepared, max_steps=30), tmp_path / "resumed", resume=True, progress=False)
+    raw = checkpoint.load(tmp_path / "straight" / "last.pt")["train"]["weights"]
+    resumed = checkpoint.load(tmp_path / "resumed" / "last.pt")
+    assert "weights" not in resumed["train"]
+    for name, tensor in raw.items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+    assert "train.ema is now off: validation and best.pt start afresh from step 20" in capsys.readouterr().err
+    assert checkpoint.load(tmp_path / "resumed" / "best.pt")["step"] == 30  # the raw model's, not the average's
+
+
 def test_with_ema_the_saved_model_is_the_moving_average_of_the_trained_weights(prepared, tmp_path):
     from mt import checkpoint
     from mt.ema import decay_at
