@@ -12,7 +12,8 @@ host-side agreements (stop or go on, barriers), so agreeing on them never waits 
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -73,6 +74,22 @@ def barrier() -> None:
     """Wait until every rank gets here, e.g. while rank 0 validates and saves (host-side: no GPU sync)."""
     if active():
         dist.barrier(group=_host_group)
+
+
+@contextmanager
+def cores_of_waiting_ranks(device: torch.device) -> Iterator[None]:
+    """Rank 0 on CPU, while the other ranks of its node wait at a barrier (validation): use their cores too, that
+    is its threads times LOCAL_WORLD_SIZE (2 single-thread processes on 2 cores: validation on 2 threads)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not active() or device.type != "cpu" or local < 2:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads * local)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -291,7 +291,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
             metrics = {"step": pos.step, "epoch": pos.epoch}
             if valid_split is not None:
                 valid_started = time.time()
-                metrics |= validation_metrics(served, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
+                with distributed.cores_of_waiting_ranks(device):
+                    metrics |= validation_metrics(served, valid_split, valid_refs, tgt_tok, cfg, device, amp_dtype)
                 metrics["valid_seconds"] = time.time() - valid_started
             metrics["elapsed"] = pos.elapsed + time.time() - started
             score = metrics.get("valid_bleu", -metrics.get("valid_loss", 0.0))

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from mt import checkpoint
+from mt import checkpoint, distributed
 from mt.config import Config, ModelConfig, to_dict
 from mt.data import Split, collate
 from mt.train import Prefetch, resume_config, step_batches, target_tokens, train
@@ -82,6 +82,20 @@ def test_prefetch_keeps_the_order_and_raises_the_producers_error():
     with pytest.raises(ValueError, match="bad batch"):
         prefetch.next()
     prefetch.close()
+
+
+def test_rank_0_validates_on_the_cores_of_the_ranks_waiting_for_it(monkeypatch):
+    # On CPU the node's other ranks idle at the barrier while rank 0 validates: it borrows their threads.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed, "active", lambda: True)
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="validation failed"):
+        with distributed.cores_of_waiting_ranks(torch.device("cpu")):
+            assert torch.get_num_threads() == 2 * threads
+            raise RuntimeError("validation failed")
+    assert torch.get_num_threads() == threads  # given back, even after an error
+    with distributed.cores_of_waiting_ranks(torch.device("cuda", 0)):  # GPU ranks: the host's threads are not spare
+        assert torch.get_num_threads() == threads
 
 
 # ---------------------------------------------------------------------------------------------- two processes
