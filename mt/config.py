@@ -70,7 +70,7 @@ class TrainConfig:
     log_every: int = 100
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16/fp16 on GPU, fp32 on CPU
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16/fp16 on GPU; on CPU bf16 if native, else fp32
     threads: int = 0  # CPU threads; 0: PyTorch's default
     # torch.compile the model for training. Off by default: on our 2-core CPU it trained at 0.91x the speed of
     # plain eager mode. Not measured on GPUs here; try it there (the first steps pay for compiling).

@@ -2,12 +2,13 @@ import numpy as np
 import pytest
 import torch
 
+from mt import train as train_module
 from mt.config import Config, ModelConfig
 from mt.data import batch_by_tokens, pad
 from mt.model import Transformer
 from mt.search import greedy
 from mt.tokenizer import BOS, EOS, PAD
-from mt.train import cooldown_factor, label_smoothed_loss, learning_rate, train_step
+from mt.train import autocast_dtype, cooldown_factor, label_smoothed_loss, learning_rate, train_step
 
 from .conftest import prepare_corpus
 
@@ -26,6 +27,14 @@ def test_cooldown_holds_the_rate_then_brings_it_linearly_to_zero_at_the_end_of_t
     assert cooldown_factor(0.8, 0.2) == pytest.approx(1.0)
     assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
     assert cooldown_factor(1.0, 0.2) == cooldown_factor(1.3, 0.2) == 0.0
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_on_a_cpu_is_bf16_only_where_it_multiplies_bf16_in_hardware(monkeypatch, native):
+    monkeypatch.setattr(train_module, "native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+    assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)
+    assert autocast_dtype("fp32", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
 
 
 def test_loss_ignores_padding():
