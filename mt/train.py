@@ -118,8 +118,8 @@ def pick_device(name: str) -> torch.device:
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """None means full fp32. auto: bf16 on GPUs that have it, else fp16 (with a grad scaler); on a CPU, bf16 where
-    it multiplies bf16 in hardware (AVX-512 BF16 or AMX; the en→de recipe trained at 1.3x the fp32 speed on an AMD
-    EPYC, with the same loss per step), else fp32 (emulated bf16 is slower than fp32)."""
+    it multiplies bf16 in hardware (AVX-512 BF16 or AMX; the en→de recipe trained at 1.23-1.27x the fp32 speed on
+    an AMD EPYC, with the same loss per step), else fp32 (emulated bf16 is slower than fp32)."""
     if precision == "auto":
         if device.type != "cuda":
             return torch.bfloat16 if native_bf16() else None
