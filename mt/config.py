@@ -51,7 +51,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.98
     eps: float = 1e-9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0: no clipping
     # Decay of an exponential moving average of the weights (mt/ema.py), e.g. 0.999: about the last 1,000 steps;

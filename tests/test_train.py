@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from mt import train as train_module
-from mt.config import Config, ModelConfig
+from mt.config import Config, ModelConfig, TrainConfig
 from mt.data import batch_by_tokens, pad
 from mt.model import Transformer
 from mt.search import greedy
 from mt.tokenizer import BOS, EOS, PAD
-from mt.train import autocast_dtype, cooldown_factor, label_smoothed_loss, learning_rate, train_step
+from mt.train import adam, autocast_dtype, cooldown_factor, label_smoothed_loss, learning_rate, train_step
 
 from .conftest import prepare_corpus
 
@@ -35,6 +35,18 @@ def test_auto_precision_on_a_cpu_is_bf16_only_where_it_multiplies_bf16_in_hardwa
     cpu = torch.device("cpu")
     assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)
     assert autocast_dtype("fp32", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
+
+
+@pytest.mark.parametrize("grad_scale", [1e-3, 1.0, 1e3])
+def test_weight_decay_shrinks_each_weight_by_lr_times_decay_whatever_the_gradient(grad_scale):
+    # Decoupled (AdamW): the shrink is lr * weight_decay of the weight, on top of Adam's step, which is the same
+    # for any scale of the gradient. As L2 inside the gradient it would be normalised away by Adam's denominator.
+    w = torch.nn.Parameter(torch.full((3,), 2.0))
+    step = adam([w], TrainConfig(lr=0.1, weight_decay=0.5, eps=1e-12))
+    w.grad = torch.full((3,), grad_scale)
+    step.step()
+    adam_step = 0.1  # Adam's first step is lr * sign(gradient)
+    torch.testing.assert_close(w.detach(), torch.full((3,), 2.0 * (1 - 0.1 * 0.5) - adam_step))
 
 
 def test_loss_ignores_padding():
