@@ -42,9 +42,9 @@ def test_weight_decay_shrinks_each_weight_by_lr_times_decay_whatever_the_gradien
     # Decoupled (AdamW): the shrink is lr * weight_decay of the weight, on top of Adam's step, which is the same
     # for any scale of the gradient. As L2 inside the gradient it would be normalised away by Adam's denominator.
     w = torch.nn.Parameter(torch.full((3,), 2.0))
-    step = adam([w], TrainConfig(lr=0.1, weight_decay=0.5, eps=1e-12))
+    optimizer = adam([w], TrainConfig(lr=0.1, weight_decay=0.5, eps=1e-12))
     w.grad = torch.full((3,), grad_scale)
-    step.step()
+    optimizer.step()
     adam_step = 0.1  # Adam's first step is lr * sign(gradient)
     torch.testing.assert_close(w.detach(), torch.full((3,), 2.0 * (1 - 0.1 * 0.5) - adam_step))
 
