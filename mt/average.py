@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from mt import checkpoint
-from mt.checkpoint import CheckpointError, from_state
+from mt.checkpoint import from_state
+from mt.errors import MtError
 
 
 def choose(run_dir: str | Path, last: int = 0, best: int = 0) -> list[Path]:
@@ -24,12 +25,12 @@ def choose(run_dir: str | Path, last: int = 0, best: int = 0) -> list[Path]:
     validation loss when the run did not compute BLEU). Oldest first."""
     found = checkpoint.numbered(run_dir)  # newest first
     if not found:
-        raise CheckpointError(f"{run_dir}: no checkpoint-STEP.pt files to average; train with "
-                              "train.keep_checkpoints=N (N > 0) to keep them")
+        raise MtError(f"{run_dir}: no checkpoint-STEP.pt files to average; train with "
+                      "train.keep_checkpoints=N (N > 0) to keep them")
     want = last or best
     if want > len(found):
-        raise CheckpointError(f"{run_dir}: asked for {want} checkpoints but the run kept {len(found)} "
-                              f"(steps {', '.join(str(s) for s, _ in found)}); raise train.keep_checkpoints")
+        raise MtError(f"{run_dir}: asked for {want} checkpoints but the run kept {len(found)} "
+                      f"(steps {', '.join(str(s) for s, _ in found)}); raise train.keep_checkpoints")
     if last:
         chosen = found[:last]
     else:
@@ -46,14 +47,14 @@ def _quality(state: dict[str, Any], path: Path) -> float:
         return metrics["valid_bleu"]
     if "valid_loss" in metrics:
         return -metrics["valid_loss"]
-    raise CheckpointError(f"{path}: holds no validation score to rank it by; average the --last N instead")
+    raise MtError(f"{path}: holds no validation score to rank it by; average the --last N instead")
 
 
 def average(paths: list[Path]) -> dict[str, Any]:
     """A translation checkpoint whose weights are the mean of those in `paths` (same model config required).
     Tensors that are not floating point (none in today's model) are taken from the newest checkpoint."""
     if not paths:
-        raise CheckpointError("no checkpoints to average")
+        raise MtError("no checkpoints to average")
     first = checkpoint.load(paths[0])
     total = {name: value.double() for name, value in first["model"].items() if value.is_floating_point()}
     steps = [int(first["step"])]
@@ -61,8 +62,8 @@ def average(paths: list[Path]) -> dict[str, Any]:
     for path in paths[1:]:
         state = newest = checkpoint.load(path)
         if state["config"]["model"] != first["config"]["model"] or state["spm"] != first["spm"]:
-            raise CheckpointError(f"{path}: a different model or vocabulary than {paths[0]}; average checkpoints "
-                                  "of one run")
+            raise MtError(f"{path}: a different model or vocabulary than {paths[0]}; average checkpoints "
+                          "of one run")
         for name in total:
             total[name] += state["model"][name].double()
         steps.append(int(state["step"]))
@@ -75,8 +76,8 @@ def average(paths: list[Path]) -> dict[str, Any]:
 def average_run(run_dir: str | Path, out: str | Path, last: int = 0, best: int = 0) -> dict[str, Any]:
     """Average the chosen checkpoints of `run_dir` into `out` (written atomically); returns the new state."""
     if min(last, best) < 0 or (last > 0) == (best > 0):
-        raise CheckpointError(f"--last {last} --best {best}: choose the checkpoints with either --last N or "
-                              "--best N, N at least 1")
+        raise MtError(f"--last {last} --best {best}: choose the checkpoints with either --last N or "
+                      "--best N, N at least 1")
     state = average(choose(run_dir, last=last, best=best))
     checkpoint.save(state, out)
     return state
@@ -90,7 +91,7 @@ def average_on_valid(run_dir: str | Path, out: str | Path, counts: tuple[int, ..
     from mt.tune import held_out, tune
 
     if not counts or min(counts) < 1:
-        raise CheckpointError(f"--last {','.join(map(str, counts))}: each count must be at least 1")
+        raise MtError(f"--last {','.join(map(str, counts))}: each count must be at least 1")
     choose(run_dir, last=max(counts))  # before any slow work: raises if the run kept fewer checkpoints
     results: list[dict] = []
     best_state, data = None, None

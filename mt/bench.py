@@ -20,10 +20,11 @@ import torch
 
 from mt.config import ModelConfig
 from mt.data import pad
+from mt.fast import for_inference
 from mt.model import Transformer, count_parameters
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import Options, autocast, for_inference, translate_lines
+from mt.translate import Options, autocast, translate_lines
 
 PRESETS = {
     "small": dict(d_model=256, n_heads=4, n_enc_layers=3, n_dec_layers=3, d_ff=1024),
@@ -62,7 +63,7 @@ def bench_translate(b: TranslateBench) -> dict:
     n = b.sentences or max(b.batch, 16)
     if b.checkpoint:
         from mt.checkpoint import load_model
-        from mt.evaluate import read_text
+        from mt.lines import read_text
 
         if not b.input:
             raise ValueError("--checkpoint needs --input FILE: the real sentences to translate")

@@ -23,12 +23,9 @@ from typing import Any
 import torch
 
 from mt.config import Config, from_dict
+from mt.errors import MtError
 from mt.model import Transformer
 from mt.tokenizer import Tokenizer
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
 def save(state: dict[str, Any], path: str | Path) -> None:
@@ -45,7 +42,7 @@ def save(state: dict[str, Any], path: str | Path) -> None:
         _fsync_dir(path.parent)
     except OSError as e:  # a full disk, a quota, a vanished mount: say so in one line, not a traceback
         message = f"{path}: cannot write ({e.strerror or e}); the previous file there is unchanged"
-        raise CheckpointError(message) from None
+        raise MtError(message) from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -83,16 +80,16 @@ def latest_readable(run_dir: str | Path) -> tuple[Path, dict[str, Any], list[str
     """The newest checkpoint of a run that loads: `last.pt`, else the numbered ones, newest first.
 
     Returns (path, state, problems): `problems` holds one message per newer file that could not be used, for the
-    caller to report. Raises `CheckpointError` when no file loads (or there is none).
+    caller to report. Raises `MtError` when no file loads (or there is none).
     """
     run_dir = Path(run_dir)
     problems = []
     for path in [run_dir / LAST] + [p for _, p in numbered(run_dir)]:
         try:
             return path, load(path), problems
-        except CheckpointError as e:
+        except MtError as e:
             problems.append(str(e))
-    raise CheckpointError(f"{run_dir}: no readable checkpoint; {'; '.join(problems)}")
+    raise MtError(f"{run_dir}: no readable checkpoint; {'; '.join(problems)}")
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -109,7 +106,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.replace(tmp, dst)
         _fsync_dir(dst.parent)
     except OSError as e:
-        raise CheckpointError(f"{dst}: cannot write ({e.strerror or e}); {src} is saved") from None
+        raise MtError(f"{dst}: cannot write ({e.strerror or e}); {src} is saved") from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -129,13 +126,13 @@ def _fsync_dir(directory: Path) -> None:
 def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
+        raise MtError(f"{path}: checkpoint not found")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or not a checkpoint at all
-        raise CheckpointError(f"{path}: not a readable mt checkpoint ({_why(e)})") from None
+        raise MtError(f"{path}: not a readable mt checkpoint ({_why(e)})") from None
     if not isinstance(state, dict) or not {"model", "config", "spm"} <= state.keys():
-        raise CheckpointError(f"{path}: not an mt checkpoint (no model/config/spm entries)")
+        raise MtError(f"{path}: not an mt checkpoint (no model/config/spm entries)")
     return state
 
 

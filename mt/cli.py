@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from mt import __version__
+from mt.errors import MtError
 
 # rich_markup_mode=None: plain help text. Rich markup would swallow every "[default: ...]" we write by hand.
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -21,16 +22,6 @@ def fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
-
-def user_errors():
-    """The exception types whose message is written for the user: print it, exit 2, no traceback."""
-    from mt.checkpoint import CheckpointError
-    from mt.config import ConfigError
-    from mt.corpus import CorpusError
-    from mt.evaluate import EvaluateError
-    from mt.train import TrainError
-
-    return (CheckpointError, ConfigError, CorpusError, EvaluateError, TrainError, FileNotFoundError)
 
 
 def version_callback(value: bool) -> None:
@@ -83,7 +74,7 @@ def prepare(
                    spm_sentences=spm_sentences, max_words=max_words,
                    max_ratio=max_ratio, max_tokens=max_tokens, dedup=dedup, encoding_errors=encoding_errors,
                    subword_samples=subword_samples, subword_alpha=subword_alpha, progress=not quiet)
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     typer.echo(summary(meta))
     typer.echo(f"wrote {out}")
@@ -99,7 +90,7 @@ def train(
 ) -> None:
     """Train a Transformer on data written by `mt prepare`."""
     from mt.config import load_config
-    from mt.train import TrainInterrupted, resume_config
+    from mt.train import resume_config
     from mt.train import train as run
 
     if (config is None) != resume:
@@ -111,10 +102,8 @@ def train(
     try:
         cfg = resume_config(out, set_ or []) if resume else load_config(config, set_ or [])
         metrics = run(cfg, out, resume=resume, progress=not quiet)
-    except TrainInterrupted as e:
-        fail(str(e), code=130)
-    except user_errors() as e:
-        fail(str(e))
+    except MtError as e:
+        fail(str(e), e.exit_code)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, not one per process
         typer.echo(f"done: {out}/best.pt" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
 
@@ -145,9 +134,10 @@ def translate(
     import torch
 
     from mt.checkpoint import load_model
-    from mt.evaluate import write_lines
-    from mt.train import pick_device
-    from mt.translate import PRECISIONS, Options, for_inference, translate_stream
+    from mt.device import pick_device
+    from mt.fast import PRECISIONS, for_inference
+    from mt.lines import write_lines
+    from mt.translate import Options, translate_stream
 
     if precision not in PRECISIONS:
         fail(f"--precision {precision}: must be one of {', '.join(PRECISIONS)}")
@@ -156,7 +146,7 @@ def translate(
     try:
         dev = pick_device(device)
         loaded = load_model(checkpoint, dev)
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     if precision == "int8" and dev.type != "cpu":
         fail("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
@@ -216,7 +206,8 @@ def evaluate(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """BLEU, chrF and TER with sacreBLEU signatures, of --hyp, or of --checkpoint's translation of --src."""
-    from mt.evaluate import read_text, render, score
+    from mt.evaluate import render, score
+    from mt.lines import read_text
 
     if (hyp is None) == (checkpoint is None):
         fail("give either --hyp FILE, or --checkpoint C with --src FILE")
@@ -231,7 +222,7 @@ def evaluate(
         if len(hyps) != len(refs):
             fail(f"{hyp or src} has {len(hyps)} lines but {ref} has {len(refs)}; they must be line-aligned")
         report = score(hyps, refs, lowercase)
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     typer.echo(render(report, json_))
 
@@ -246,7 +237,7 @@ def average(
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
     from mt.average import average_on_valid, average_run
-    from mt.train import pick_device
+    from mt.device import pick_device
 
     try:
         counts = tuple(int(n) for n in last.split(","))
@@ -261,7 +252,7 @@ def average(
                 typer.echo(f"last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} (greedy)")
         else:
             state = average_run(run_dir, out, last=counts[0], best=best)
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     typer.echo(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
 
@@ -278,7 +269,7 @@ def tune(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
-    from mt.train import pick_device
+    from mt.device import pick_device
     from mt.tune import tune_checkpoint
 
     try:
@@ -289,7 +280,7 @@ def tune(
     try:
         results = tune_checkpoint(checkpoint, out, pick_device(device), src, ref, beam_list, penalty_list,
                                   progress=not quiet)
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     for r in results:
         typer.echo(f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}  BLEU {r['bleu']:6.2f}")
@@ -306,14 +297,14 @@ def report(
     write RUN_DIR/report.json."""
     import json
 
+    from mt.device import pick_device
     from mt.report import recipe_report, write_report
-    from mt.train import pick_device
 
     checkpoint = checkpoint or run_dir / "final.pt"
     try:
         result = recipe_report(run_dir, checkpoint, pick_device(device))
         write_report(result, run_dir / "report.json")
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
 
@@ -331,8 +322,8 @@ def check_attention_options(nbest: int, layer: int | None, head: int | None, n_l
 
 def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
     from mt.checkpoint import load_model
-    from mt.evaluate import read_text
-    from mt.train import pick_device
+    from mt.device import pick_device
+    from mt.lines import read_text
     from mt.translate import Options, translate_stream
 
     dev = pick_device(device)
@@ -347,11 +338,11 @@ def plot(
     out: Annotated[Path, typer.Option("--out", "-o", help="The PNG file to write.")] = Path("curves.png"),
 ) -> None:
     """Training and validation curves (loss, BLEU, learning rate, tokens/s against steps) as a PNG."""
-    from mt.plot import PlotError, plot_runs
+    from mt.plot import plot_runs
 
     try:
         plot_runs(run_dirs, out)
-    except PlotError as e:
+    except MtError as e:
         fail(str(e))
     typer.echo(f"wrote {out}")
 
@@ -368,7 +359,7 @@ def info(
 
     try:
         d = describe(checkpoint)
-    except user_errors() as e:
+    except MtError as e:
         fail(str(e))
     typer.echo(json.dumps(d, indent=2, ensure_ascii=False) if json_ else render(d))
 
@@ -384,9 +375,9 @@ def score(
 ) -> None:
     """Log-probability (natural log, EOS included) of each --tgt line given its --src line: one per line."""
     from mt.checkpoint import load_model
-    from mt.evaluate import read_text
-    from mt.score import ScoreError, score_pairs
-    from mt.train import pick_device
+    from mt.device import pick_device
+    from mt.lines import read_text
+    from mt.score import score_pairs
 
     try:
         sources, targets = read_text(src), read_text(tgt)
@@ -394,7 +385,7 @@ def score(
             fail(f"{src} has {len(sources)} lines but {tgt} has {len(targets)}; they must be line-aligned")
         dev = pick_device(device)
         scores = score_pairs(load_model(checkpoint, dev), sources, targets, dev, batch_tokens, progress=not quiet)
-    except (ScoreError, *user_errors()) as e:
+    except MtError as e:
         fail(str(e))
     for value in scores:
         typer.echo(f"{value:.4f}")
@@ -433,7 +424,7 @@ def bench_translate(
                            batch, sentences, src_len, tgt_len, precision, threads, runs)
         try:
             result = run(b)
-        except (ValueError, *user_errors()) as e:
+        except (ValueError, MtError) as e:
             fail(str(e))
         typer.echo(json.dumps(result) if json_ else markdown_table([result]))
         return
@@ -489,7 +480,7 @@ def bench_train(
     try:
         result = run(TrainBench(preset, str(data) if data else None, batch, src_len, tgt_len, max_tokens, precision,
                                 threads, steps))
-    except (ValueError, *user_errors()) as e:
+    except (ValueError, MtError) as e:
         fail(str(e))
     if json_:
         typer.echo(json.dumps(result))

@@ -1,7 +1,7 @@
 """One source of config truth: dataclass defaults, overridden by a YAML file, overridden by `--set key=value`.
 
 A config has four sections (`model`, `train`, `decode`) plus `data`, the prepared-data directory. Every key
-is checked: an unknown key or a value of the wrong type is a `ConfigError` that names the key and says what is
+is checked: an unknown key or a value of the wrong type is an `MtError` that names the key and says what is
 allowed. The resolved config is stored in every checkpoint and rebuilds the model from it.
 """
 
@@ -15,9 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake; the message says which key and what is allowed."""
+from mt.errors import MtError
 
 
 @dataclass
@@ -100,18 +98,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
+            raise MtError(f"{path}: config file not found")
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise MtError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+            raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
     cfg = from_dict(raw)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.lr=0.001")
+            raise MtError(f"--set {item!r}: expected key=value, e.g. train.lr=0.001")
         set_value(cfg, key.strip(), yaml.safe_load(value) if value.strip() else "")
     validate(cfg)
     return cfg
@@ -136,20 +134,20 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
     if section_name:
         sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)]
         if section_name not in sections or not name:
-            raise ConfigError(f"unknown config section in {key!r}; sections are: {', '.join(sections)}")
+            raise MtError(f"unknown config section in {key!r}; sections are: {', '.join(sections)}")
         target = getattr(cfg, section_name)
     hints = typing.get_type_hints(type(target))
     scalar_keys = [f.name for f in dataclasses.fields(target) if not dataclasses.is_dataclass(getattr(target, f.name))]
     if name not in scalar_keys:
         where = f"section {section_name!r}" if section_name else "the top level"
-        raise ConfigError(f"unknown config key {key!r}; valid keys in {where}: {', '.join(scalar_keys)}")
+        raise MtError(f"unknown config key {key!r}; valid keys in {where}: {', '.join(scalar_keys)}")
     setattr(target, name, _coerce(key, value, hints[name]))
 
 
 def validate(cfg: Config) -> None:
     m, t, d = cfg.model, cfg.train, cfg.decode
     if m.d_model % m.n_heads:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
+        raise MtError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
     positive = {
         "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.max_len": m.max_len,
         "train.max_tokens": t.max_tokens, "train.accumulate": t.accumulate, "train.valid_every": t.valid_every,
@@ -158,16 +156,16 @@ def validate(cfg: Config) -> None:
     }
     for key, value in positive.items():
         if value <= 0:
-            raise ConfigError(f"{key}={value}: must be positive")
+            raise MtError(f"{key}={value}: must be positive")
     for key, value in {"model.dropout": m.dropout, "model.attn_dropout": m.attn_dropout,
                        "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing,
                        "train.cooldown": t.cooldown, "train.ema": t.ema}.items():
         if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key}={value}: must be in [0, 1)")
+            raise MtError(f"{key}={value}: must be in [0, 1)")
     if t.patience < 0:
-        raise ConfigError(f"train.patience={t.patience}: must be 0 (never stop early) or more")
+        raise MtError(f"train.patience={t.patience}: must be 0 (never stop early) or more")
     if t.lr <= 0:
-        raise ConfigError(f"train.lr={t.lr}: must be positive")
+        raise MtError(f"train.lr={t.lr}: must be positive")
 
 
 def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -185,7 +183,7 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else None
     if choices is not None:
         if value not in choices:
-            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, choices))}")
+            raise MtError(f"{key}={value!r}: must be one of {', '.join(map(str, choices))}")
         return value
     if kind is bool:
         if isinstance(value, bool):
@@ -206,4 +204,4 @@ def _coerce(key: str, value: Any, kind: Any) -> Any:
     elif kind is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-    raise ConfigError(f"{key}={value!r}: expected {kind.__name__}")
+    raise MtError(f"{key}={value!r}: expected {kind.__name__}")

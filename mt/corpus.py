@@ -19,12 +19,11 @@ valid and test sets keep all their lines and BLEU covers the whole test set. Fil
 explicit step, `clean_pairs`, which records why each dropped pair went in a `CleanCounts`.
 
 Files are decoded as UTF-8 line by line (lines end at "\\n" only, as `wc -l` counts them), so an invalid byte is
-reported with its file and line. Every problem a user can fix is a `CorpusError` whose message is one line.
+reported with its file and line. Every problem a user can fix is an `MtError` whose message is one line.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -34,53 +33,15 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+
+from mt.errors import MtError
+from mt.lines import read_lines
 
 SPLITS = ("train", "valid", "test")
-ENCODING_ERRORS = ("strict", "replace", "ignore")
 
-
-class CorpusError(Exception):
-    """An input problem the user can fix. The message is the whole one-line explanation."""
 
 
 # ---------------------------------------------------------------------------------------------- lines and text
-
-
-def _open_binary(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def read_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """Yield the lines of a plain or gzip (by suffix) UTF-8 file, without their "\\n" or "\\r\\n".
-
-    A leading byte-order mark is dropped. Raises `CorpusError` for a missing, unreadable or empty file and, when
-    `encoding_errors` is "strict", for invalid UTF-8.
-    """
-    if encoding_errors not in ENCODING_ERRORS:
-        raise CorpusError(
-            f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
-        )
-    lineno = 0
-    try:
-        with _open_binary(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8", encoding_errors)
-                except UnicodeDecodeError as e:
-                    raise CorpusError(
-                        f"{path}:{lineno}: invalid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                        "fix the file or pass --encoding-errors replace"
-                    ) from None
-                if lineno == 1:
-                    line = line.removeprefix("\ufeff")
-                yield line.removesuffix("\n").removesuffix("\r")
-    except FileNotFoundError:
-        raise CorpusError(f"{path}: no such file") from None
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a truncated .gz ends in EOFError
-        raise CorpusError(f"{path}: cannot read ({e})") from None
-    if lineno == 0:
-        raise CorpusError(f"{path}: file is empty")
 
 
 # Characters that some line readers (str.splitlines, text-mode universal newlines) treat as line ends. Kept inside
@@ -117,7 +78,7 @@ class TextFiles:
         if s is not None or t is not None:
             n_src = n + (s is not None) + sum(1 for _ in src_lines)
             n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
-            raise CorpusError(
+            raise MtError(
                 f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}; "
                 "parallel files must be aligned line by line"
             )
@@ -136,7 +97,7 @@ class TsvFile:
         for lineno, line in enumerate(read_lines(self.path, encoding_errors), 1):
             fields = line.split("\t")
             if len(fields) != 2:
-                raise CorpusError(
+                raise MtError(
                     f"{self.path}:{lineno}: expected 2 tab-separated fields (src<TAB>tgt), found {len(fields)}"
                 )
             yield fields[0], fields[1]
@@ -161,7 +122,7 @@ class JsonlFile:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise CorpusError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+                raise MtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
             yield pair_from_row(row, self.src, self.tgt, where)
 
     def describe(self) -> dict:
@@ -188,7 +149,7 @@ class HfDataset:
         try:
             rows = datasets.load_dataset(self.name, self.config, split=self.split, streaming=True)
         except Exception as e:
-            raise CorpusError(f"{label}: cannot load ({type(e).__name__}: {e})") from None
+            raise MtError(f"{label}: cannot load ({type(e).__name__}: {e})") from None
         for i, row in enumerate(rows, 1):
             yield pair_from_row(row, self.src, self.tgt, f"{label} row {i}")
 
@@ -220,10 +181,10 @@ class TableFile:
             for i, row in enumerate(rows, 1):
                 row = {key: "" if value is None else value for key, value in row.items()}
                 yield pair_from_row(row, self.src, self.tgt, f"{self.path} row {i}")
-        except CorpusError:
+        except MtError:
             raise
         except Exception as e:  # pyarrow and pandas errors for a file that is not what its name says
-            raise CorpusError(f"{self.path}: cannot read as {self.kind} ({type(e).__name__}: {e})") from None
+            raise MtError(f"{self.path}: cannot read as {self.kind} ({type(e).__name__}: {e})") from None
 
     def describe(self) -> dict:
         return {"format": self.kind, "path": str(self.path)}
@@ -237,14 +198,14 @@ def pair_from_row(row: object, src: str, tgt: str, where: str) -> tuple[str, str
     if isinstance(row, dict) and isinstance(row.get("translation"), dict):
         row = row["translation"]
     if not isinstance(row, dict):
-        raise CorpusError(
+        raise MtError(
             f"{where}: expected an object with {src!r} and {tgt!r} keys, got {type(row).__name__}"
         )
     for lang in (src, tgt):
         if lang not in row:
-            raise CorpusError(f"{where}: no {lang!r} key (keys: {', '.join(map(str, row)) or 'none'})")
+            raise MtError(f"{where}: no {lang!r} key (keys: {', '.join(map(str, row)) or 'none'})")
         if not isinstance(row[lang], str):
-            raise CorpusError(f"{where}: {lang!r} is {type(row[lang]).__name__}, not text")
+            raise MtError(f"{where}: {lang!r} is {type(row[lang]).__name__}, not text")
     return row[src], row[tgt]
 
 
@@ -258,18 +219,18 @@ def find_source(spec: str, src: str, tgt: str, split: str) -> Source:
     or else a path prefix to which `.{src}` and `.{tgt}` are appended. `split` (train/valid/test) only matters for `hf:` specs.
     """
     if split not in SPLITS:
-        raise CorpusError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+        raise MtError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
     if spec.startswith("hf:"):
         parts = spec[3:].split(":")
         if not parts[0] or len(parts) > 3:
-            raise CorpusError(f"{spec!r}: expected hf:NAME[:CONFIG[:SPLIT]]")
+            raise MtError(f"{spec!r}: expected hf:NAME[:CONFIG[:SPLIT]]")
         name, config, hf_split = (parts + [None, None])[:3]
         return HfDataset(name, config or None, hf_split or _HF_SPLITS[split], src, tgt)
     path = Path(spec).expanduser()
     kind = Path(path.name.removesuffix(".gz")).suffix
     if kind in (".tsv", ".jsonl", ".csv", ".parquet"):
         if not path.is_file():
-            raise CorpusError(f"{path}: no such file")
+            raise MtError(f"{path}: no such file")
         if kind == ".tsv":
             return TsvFile(path)
         if kind == ".jsonl":
@@ -284,7 +245,7 @@ def _language_file(prefix: Path, lang: str) -> Path:
     for path in (plain, gz):
         if path.is_file():
             return path
-    raise CorpusError(f"no {lang} file for corpus prefix {prefix}: neither {plain} nor {gz} exists")
+    raise MtError(f"no {lang} file for corpus prefix {prefix}: neither {plain} nor {gz} exists")
 
 
 def read_pairs(source: Source, encoding_errors: str = "strict") -> Iterator[tuple[str, str]]:
@@ -306,7 +267,7 @@ CHECKSUMS = Path(__file__).resolve().parents[1] / "data" / "multi30k.sha256"
 def named_source(name: str, split: str, src: str, tgt: str, mirror: Path | None = None) -> Source:
     """A named corpus's split: `multi30k` is the only one."""
     if name != "multi30k":
-        raise CorpusError(f"unknown corpus {name!r}; known corpora: {', '.join(NAMED_CORPORA)}")
+        raise MtError(f"unknown corpus {name!r}; known corpora: {', '.join(NAMED_CORPORA)}")
     return multi30k(split, src, tgt, mirror)
 
 
@@ -319,11 +280,11 @@ def multi30k(split: str, src: str, tgt: str, mirror: Path | None = None) -> Text
     """
     for lang in (src, tgt):
         if lang not in MULTI30K_LANGS:
-            raise CorpusError(f"multi30k has no {lang!r}; languages: {', '.join(MULTI30K_LANGS)}")
+            raise MtError(f"multi30k has no {lang!r}; languages: {', '.join(MULTI30K_LANGS)}")
     if src == tgt:
-        raise CorpusError(f"source and target language are both {src!r}")
+        raise MtError(f"source and target language are both {src!r}")
     if split not in MULTI30K_FILES:
-        raise CorpusError(f"multi30k has no split {split!r}; splits: {', '.join(MULTI30K_FILES)}")
+        raise MtError(f"multi30k has no split {split!r}; splits: {', '.join(MULTI30K_FILES)}")
     checksums = _read_checksums(CHECKSUMS)
     mirror_dir = mirror if mirror is not None else os.environ.get("MT_MIRROR")
     src_path, tgt_path = (
@@ -335,7 +296,7 @@ def multi30k(split: str, src: str, tgt: str, mirror: Path | None = None) -> Text
 def _multi30k_file(name: str, checksums: dict[str, str], mirror_dir: str | Path | None) -> Path:
     """A verified local copy of one Multi30k file: the mirror's, else the cache's, else downloaded to the cache."""
     if name not in checksums:
-        raise CorpusError(f"{CHECKSUMS}: no checksum for {name}")
+        raise MtError(f"{CHECKSUMS}: no checksum for {name}")
     mirrored = Path(mirror_dir).expanduser() / "multi30k" / name if mirror_dir else None
     if mirrored is not None and mirrored.is_file():
         verify_sha256(mirrored, checksums[name])
@@ -350,7 +311,7 @@ def _multi30k_file(name: str, checksums: dict[str, str], mirror_dir: str | Path 
         download(url, cached, checksums[name])
     except OSError as e:  # URLError, timeouts, refused connections, an unwritable cache
         looked = f"{mirrored} does not exist" if mirrored else "no mirror is set"
-        raise CorpusError(
+        raise MtError(
             f"cannot download {url} ({e}) and {looked}; without internet, put the files in "
             "<mirror>/multi30k/<file>.<lang>.gz and pass --mirror or set MT_MIRROR"
         ) from None
@@ -360,7 +321,7 @@ def _multi30k_file(name: str, checksums: dict[str, str], mirror_dir: str | Path 
 def _read_checksums(path: Path) -> dict[str, str]:
     """`sha256sum` output: `<hex>  <filename>` per line -> {filename: hex}."""
     if not path.is_file():
-        raise CorpusError(f"{path}: checksum file not found (is mt installed from its source tree?)")
+        raise MtError(f"{path}: checksum file not found (is mt installed from its source tree?)")
     sums = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
@@ -380,7 +341,7 @@ def sha256(path: Path) -> str:
 def verify_sha256(path: Path, expected: str) -> None:
     actual = sha256(path)
     if actual != expected:
-        raise CorpusError(
+        raise MtError(
             f"{path}: sha256 is {actual}, expected {expected}; the file is corrupt or not the original"
         )
 
@@ -388,7 +349,7 @@ def verify_sha256(path: Path, expected: str) -> None:
 def download(url: str, dest: Path, expected_sha256: str) -> None:
     """Fetch `url` to `dest` through a temporary name, so `dest` exists only complete and verified.
 
-    Raises OSError when the fetch fails and CorpusError when the bytes are not the expected ones.
+    Raises OSError when the fetch fails and MtError when the bytes are not the expected ones.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
@@ -397,7 +358,7 @@ def download(url: str, dest: Path, expected_sha256: str) -> None:
             shutil.copyfileobj(response, f)
         actual = sha256(tmp)
         if actual != expected_sha256:
-            raise CorpusError(f"{url}: downloaded file has sha256 {actual}, expected {expected_sha256}")
+            raise MtError(f"{url}: downloaded file has sha256 {actual}, expected {expected_sha256}")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)

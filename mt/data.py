@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mt.errors import MtError
 from mt.tokenizer import BOS, EOS, PAD
 
 
@@ -24,7 +25,7 @@ class Split:
         d = Path(data_dir)
         missing = [p for p in (d / f"{split}.src.ids.npy", d / f"{split}.tgt.ids.npy") if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"{missing[0]}: not found; run `mt prepare` to create {d}")
+            raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {d}")
         self.src_ids = np.load(d / f"{split}.src.ids.npy", mmap_mode="r")
         self.tgt_ids = np.load(d / f"{split}.tgt.ids.npy", mmap_mode="r")
         self.src_off = np.load(d / f"{split}.src.offsets.npy")

@@ -16,6 +16,8 @@ from typing import TextIO
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from mt.errors import MtError
+
 FIGSIZE = (12, 8)  # inches; at DPI this is a 1200×800 PNG
 DPI = 100
 # (title, [(field, line style, legend suffix)]): train loss is label-smoothed, valid loss is not, so they
@@ -28,9 +30,6 @@ PANELS = [
 ]
 
 
-class PlotError(Exception):
-    """A run that cannot be plotted; the message names the file."""
-
 
 def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
     """The records of a `log.jsonl`, sorted by step. Malformed lines (a run killed mid-write) are skipped.
@@ -39,7 +38,7 @@ def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
     kind of record the later one wins, since it belongs to the run that went on.
     """
     if not path.is_file():
-        raise PlotError(f"{path}: not found; is {path.parent} a run directory written by `mt train`?")
+        raise MtError(f"{path}: not found; is {path.parent} a run directory written by `mt train`?")
     latest: dict[tuple[int, bool], dict] = {}
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -58,7 +57,7 @@ def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
 def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr) -> Path:
     """Draw the 2×2 panel of training curves for `run_dirs` into the PNG `out`; returns `out`."""
     if not run_dirs:
-        raise PlotError("no run directories to plot")
+        raise MtError("no run directories to plot")
     logs = [read_log(Path(d) / "log.jsonl", warn) for d in run_dirs]
     labels = run_labels([Path(d) for d in run_dirs])
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")

@@ -32,15 +32,15 @@ from tqdm import tqdm
 
 from mt import __version__
 from mt.corpus import (
-    ENCODING_ERRORS,
     CleanCounts,
-    CorpusError,
     Source,
     clean_pairs,
     find_source,
     named_source,
     read_pairs,
 )
+from mt.errors import MtError
+from mt.lines import ENCODING_ERRORS
 from mt.tokenizer import Tokenizer, train_sentencepiece
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -82,20 +82,20 @@ def prepare(
     """
     out_dir = Path(out_dir).absolute()
     if src == tgt:
-        raise CorpusError(f"source and target language are both {src!r}")
+        raise MtError(f"source and target language are both {src!r}")
     if model_type not in MODEL_TYPES:
-        raise CorpusError(f"model type must be one of {', '.join(MODEL_TYPES)}, not {model_type!r}")
+        raise MtError(f"model type must be one of {', '.join(MODEL_TYPES)}, not {model_type!r}")
     if encoding_errors not in ENCODING_ERRORS:
-        raise CorpusError(
+        raise MtError(
             f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
         )
     if spm_sentences < 1:
-        raise CorpusError(f"spm_sentences={spm_sentences}: SentencePiece needs at least one sentence to sample")
+        raise MtError(f"spm_sentences={spm_sentences}: SentencePiece needs at least one sentence to sample")
     if subword_samples < 0 or subword_samples and not 0 < subword_alpha <= 1:
-        raise CorpusError(f"subword samples {subword_samples}, alpha {subword_alpha}: give samples >= 0 and "
-                          f"0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
+        raise MtError(f"subword samples {subword_samples}, alpha {subword_alpha}: give samples >= 0 and "
+                      f"0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
     if corpus is None and train is None:
-        raise CorpusError("no training data: name a corpus (e.g. multi30k) or give a train spec")
+        raise MtError("no training data: name a corpus (e.g. multi30k) or give a train spec")
     _check_replaceable(out_dir)
 
     # Resolve every split before any slow work, so a mistyped path fails in a second, not after training spm.
@@ -120,7 +120,7 @@ def prepare(
         pairs = _bar(read_pairs(sources["train"], encoding_errors), "read train", progress)
         _write_text(clean_pairs(pairs, counts, max_words, max_ratio, dedup), tmp, "train")
         if counts.kept == 0:
-            raise CorpusError(f"no training pairs left after cleaning: {counts.as_dict()}")
+            raise MtError(f"no training pairs left after cleaning: {counts.as_dict()}")
 
         model_files = _train_tokenizers(tmp, joint, vocab_size, model_type, spm_sentences)
         tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
@@ -136,7 +136,7 @@ def prepare(
         for side in SIDES:
             (tmp / f"train.{side}.txt").unlink()
         if counts.kept == 0:
-            raise CorpusError(f"no training pair has at most {max_tokens} tokens a side: {counts.as_dict()}")
+            raise MtError(f"no training pair has at most {max_tokens} tokens a side: {counts.as_dict()}")
 
         meta = {
             "src": src,
@@ -224,9 +224,9 @@ def _check_replaceable(out_dir: Path) -> None:
     if not out_dir.exists():
         return
     if not out_dir.is_dir():
-        raise CorpusError(f"{out_dir} exists and is not a directory")
+        raise MtError(f"{out_dir} exists and is not a directory")
     if any(out_dir.iterdir()) and not (out_dir / "meta.json").is_file():
-        raise CorpusError(
+        raise MtError(
             f"{out_dir} exists and is not a prepared data directory (no meta.json); refusing to replace it"
         )
 
@@ -285,7 +285,7 @@ def _train_tokenizers(
                 lines, directory / prefix, vocab_size, model_type, seed_sentences=spm_sentences
             )
         except RuntimeError as e:  # SentencePiece reports bad settings (e.g. a vocabulary too small) this way
-            raise CorpusError(f"SentencePiece training failed: {e}") from None
+            raise MtError(f"SentencePiece training failed: {e}") from None
     return files
 
 

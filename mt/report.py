@@ -17,7 +17,9 @@ from mt import checkpoint
 from mt.checkpoint import load_model
 from mt.config import Config
 from mt.data import epoch_batches, epoch_split, train_splits
-from mt.evaluate import EvaluateError, read_text, score, write_lines
+from mt.errors import MtError
+from mt.evaluate import score
+from mt.lines import read_text, write_lines
 from mt.model import count_parameters
 from mt.translate import Options, translate_stream
 
@@ -26,12 +28,12 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
     """Score `final` on the test split of the data it was trained on; training facts from `run_dir/last.pt`."""
     run_dir = Path(run_dir)
     if not Path(final).is_file():
-        raise EvaluateError(f"{final}: not found; make it first, e.g. `mt average {run_dir} --last 8 --out {final}`")
+        raise MtError(f"{final}: not found; make it first, e.g. `mt average {run_dir} --last 8 --out {final}`")
     loaded = load_model(final, device)
     data_dir = Path(loaded.config.data)
     if not (data_dir / "test.src.txt").is_file():
-        raise EvaluateError(f"{data_dir}: no test split (test.src.txt) to report on; prepare the data with --test, "
-                            "or run from the directory the run was trained in (the data path is relative to it)")
+        raise MtError(f"{data_dir}: no test split (test.src.txt) to report on; prepare the data with --test, "
+                      "or run from the directory the run was trained in (the data path is relative to it)")
     sources, refs = read_text(data_dir / "test.src.txt"), read_text(data_dir / "test.tgt.txt")
     hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
     write_lines(run_dir / "test.hyp.txt", hyps)

@@ -14,11 +14,8 @@ from tqdm import tqdm
 
 from mt.checkpoint import Loaded
 from mt.data import batch_by_tokens, pad
+from mt.errors import MtError
 from mt.tokenizer import BOS, EOS, PAD
-
-
-class ScoreError(Exception):
-    """Pairs that cannot be scored; the message says which line and why."""
 
 
 @torch.inference_mode()
@@ -26,7 +23,7 @@ def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: 
                 batch_tokens: int | None = None, progress: bool = False) -> list[float]:
     """Total log-probability of each target given its source (EOS included), in input order."""
     if len(sources) != len(targets):
-        raise ScoreError(f"{len(sources)} sources but {len(targets)} targets; they must be line-aligned")
+        raise MtError(f"{len(sources)} sources but {len(targets)} targets; they must be line-aligned")
     model = loaded.model
     srcs = loaded.src_tok.encode([s.strip() for s in sources])
     tgts = loaded.tgt_tok.encode([t.strip() for t in targets])
@@ -34,7 +31,7 @@ def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: 
     for side, seqs in (("source", srcs), ("target", tgts)):
         for i, seq in enumerate(seqs):
             if len(seq) > limit:  # cutting would score a different sentence: refuse instead
-                raise ScoreError(f"line {i + 1}: the {side} has {len(seq)} pieces; the model allows {limit}")
+                raise MtError(f"line {i + 1}: the {side} has {len(seq)} pieces; the model allows {limit}")
     scores = [0.0] * len(srcs)
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(srcs, tgts, strict=True)]
     batches = batch_by_tokens(lengths, batch_tokens or loaded.config.decode.batch_tokens)

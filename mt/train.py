@@ -57,18 +57,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from mt import checkpoint, distributed
-from mt.config import Config, ConfigError, from_dict, set_value, to_dict, validate
+from mt.config import Config, from_dict, set_value, to_dict, validate
 from mt.data import Batch, Split, batch_by_tokens, collate, epoch_batches, epoch_split, train_splits
+from mt.device import autocast_dtype, pick_device
 from mt.ema import WeightAverage
-from mt.linear import native_bf16
+from mt.errors import MtError
 from mt.loss import label_smoothed_nll
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import PAD, Tokenizer
 from mt.translate import Options, translate_ids
-
-
-class TrainError(Exception):
-    """A run that cannot start or continue; the message says what to do."""
 
 
 @dataclass
@@ -108,31 +105,11 @@ def budget_progress(t, pos: Position, started: float) -> float:
     return distributed.agree_max(round(1e6 * progress)) / 1e6 if t.cooldown else progress
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
-    return torch.device(name)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """None means full fp32. auto: bf16 on GPUs that have it, else fp16 (with a grad scaler); on a CPU, bf16 where
-    it multiplies bf16 in hardware (AVX-512 BF16 or AMX; the en→de recipe trained at 1.23-1.27x the fp32 speed on
-    an AMD EPYC, with the same loss per step), else fp32 (emulated bf16 is slower than fp32)."""
-    if precision == "auto":
-        if device.type != "cuda":
-            return torch.bfloat16 if native_bf16() else None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if precision == "fp16" and device.type != "cuda":
-        raise TrainError("train.precision=fp16 needs a GPU; on CPU use bf16 or fp32")
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
 
 def load_tokenizers(data_dir: Path) -> tuple[Tokenizer, Tokenizer, dict]:
     meta_path = data_dir / "meta.json"
     if not meta_path.is_file():
-        raise TrainError(f"{meta_path}: not found; run `mt prepare ... --out {data_dir}` first, or set `data:`")
+        raise MtError(f"{meta_path}: not found; run `mt prepare ... --out {data_dir}` first, or set `data:`")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("joint", True):
         tok = Tokenizer.load(data_dir / "spm.model")
@@ -146,8 +123,8 @@ def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) 
     for key, have in (("src_vocab_size", src_tok.vocab_size), ("tgt_vocab_size", tgt_tok.vocab_size)):
         want = getattr(m, key)
         if want and want != have:
-            raise ConfigError(f"model.{key}={want} but the data in {cfg.data} has a vocabulary of {have}; "
-                              f"remove model.{key} (it is taken from the data) or prepare the data again")
+            raise MtError(f"model.{key}={want} but the data in {cfg.data} has a vocabulary of {have}; "
+                          f"remove model.{key} (it is taken from the data) or prepare the data again")
         setattr(m, key, have)
     if m.share_embeddings and not joint:
         m.share_embeddings = False  # separate vocabularies cannot share one table
@@ -193,18 +170,18 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     if resume:
         resume_path, state = resume_state(out_dir, warn=main)
     elif last_path.is_file() or checkpoint.numbered(out_dir):
-        raise TrainError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
+        raise MtError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
     t = cfg.train
     for key, value, least in (("keep_checkpoints", t.keep_checkpoints, 0), ("max_bad_steps", t.max_bad_steps, 1)):
         if value < least:
-            raise ConfigError(f"train.{key}={value}: must be at least {least}")
+            raise MtError(f"train.{key}={value}: must be at least {least}")
 
     src_tok, tgt_tok, meta = load_tokenizers(data_dir)
     if state is not None:
         check_same_vocabulary(state, resume_path, src_tok, tgt_tok, data_dir)
     fit_vocab(cfg, src_tok, tgt_tok, meta.get("joint", True))
     if state is not None and to_dict(cfg)["model"] != state["config"]["model"]:
-        raise TrainError(f"{resume_path}: the model config differs from the run's; a resumed run keeps its model")
+        raise MtError(f"{resume_path}: the model config differs from the run's; a resumed run keeps its model")
     random.seed(t.seed)
     torch.manual_seed(t.seed)
     if t.threads:
@@ -275,8 +252,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
         # Checked before every save: a checkpoint with NaN weights would poison every resume and translation.
         # Every rank checks (the weights are the same on all), so all of them stop together.
         if not all_finite(model):
-            raise TrainError(f"step {pos.step}: the model's weights are not finite; no checkpoint written. "
-                             + diverged_advice(out_dir))
+            raise MtError(f"step {pos.step}: the model's weights are not finite; no checkpoint written. "
+                          + diverged_advice(out_dir))
 
     def save_last(metrics: dict) -> None:  # rank 0, after check_finite
         s = snapshot(metrics)
@@ -355,8 +332,8 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
                 interval["skipped"] += 1
                 if bad_steps >= t.max_bad_steps:
                     record(log_interval(interval, pos, optimizer))
-                    raise TrainError(f"after step {pos.step}: {bad_steps} steps in a row had a non-finite loss or "
-                                     f"gradients and were skipped; stopped. " + diverged_advice(out_dir))
+                    raise MtError(f"after step {pos.step}: {bad_steps} steps in a row had a non-finite loss or "
+                                  f"gradients and were skipped; stopped. " + diverged_advice(out_dir))
             halt = distributed.agree_max(STOP_SIGNAL if stop.received else
                                          STOP_TIME if main and out_of_time(t, pos, started) else 0)
             if applied and pos.step % t.log_every == 0:
@@ -395,8 +372,10 @@ def train_on(device: torch.device, cfg: Config, out_dir: Path, resume: bool, pro
     return metrics
 
 
-class TrainInterrupted(TrainError):
+class TrainInterrupted(MtError):
     """Ctrl-C or SIGTERM: the run stopped at a step boundary after saving `last.pt`."""
+
+    exit_code = 130
 
 
 class StopSignals:
@@ -420,12 +399,12 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
     cannot change. Silent about damaged checkpoints: `train` reports them when it loads the same one."""
     last_path = Path(out_dir) / checkpoint.LAST
     if not last_path.is_file() and not checkpoint.numbered(out_dir):
-        raise TrainError(f"{last_path}: nothing to resume; drop --resume to start a new run")
+        raise MtError(f"{last_path}: nothing to resume; drop --resume to start a new run")
     cfg = from_dict(checkpoint.latest_readable(out_dir)[1]["config"])
     for item in overrides:
         key, sep, value = item.partition("=")
         if key.strip().startswith("model."):
-            raise ConfigError(f"--set {item}: the model of a resumed run cannot change")
+            raise MtError(f"--set {item}: the model of a resumed run cannot change")
         set_value(cfg, key.strip(), yaml.safe_load(value) if sep and value.strip() else value)
     validate(cfg)
     return cfg
@@ -442,7 +421,7 @@ def resume_state(out_dir: Path, warn: bool = True) -> tuple[Path, dict]:
             print(f"warning: resuming from {path} (step {state['step']}) instead; the steps after it are trained "
                   f"again", file=sys.stderr)
     if "train" not in state:
-        raise TrainError(f"{path}: holds no training state (optimizer, data position); it cannot be resumed")
+        raise MtError(f"{path}: holds no training state (optimizer, data position); it cannot be resumed")
     return path, state
 
 
@@ -451,9 +430,9 @@ def check_same_vocabulary(state: dict, path: Path, src_tok: Tokenizer, tgt_tok: 
     for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
         old = Tokenizer(state["spm"][side])
         if not same_pieces(old, tok):
-            raise TrainError(f"{data_dir}: its {side} vocabulary ({tok.vocab_size} pieces) is not the one {path} was "
-                             f"trained with ({old.vocab_size} pieces); resume with the run's data "
-                             f"(--set data={state['config']['data']}) or start a new run in another --out")
+            raise MtError(f"{data_dir}: its {side} vocabulary ({tok.vocab_size} pieces) is not the one {path} was "
+                          f"trained with ({old.vocab_size} pieces); resume with the run's data "
+                          f"(--set data={state['config']['data']}) or start a new run in another --out")
 
 
 def same_pieces(a: Tokenizer, b: Tokenizer) -> bool:
@@ -571,9 +550,9 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
         tgt_lens = split.tgt_lens
         batches = epoch_batches(split, t.max_tokens, max_len, t.seed, epoch)
         if len(batches) < per_step:
-            raise TrainError(f"an epoch has {len(batches)} batches, fewer than the {per_step} of one step "
-                             f"({world} processes × train.accumulate={t.accumulate}); lower train.max_tokens or "
-                             f"train.accumulate")
+            raise MtError(f"an epoch has {len(batches)} batches, fewer than the {per_step} of one step "
+                          f"({world} processes × train.accumulate={t.accumulate}); lower train.max_tokens or "
+                          f"train.accumulate")
         while batch + per_step <= len(batches):
             mine = batches[batch + rank:batch + per_step:world]
             n_tokens = sum(target_tokens(tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))

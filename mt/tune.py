@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from mt import checkpoint
 from mt.checkpoint import Loaded, load_model
-from mt.evaluate import EvaluateError, read_text
+from mt.errors import MtError
+from mt.lines import read_text
 from mt.translate import Options, translate_lines
 
 DEFAULT_BEAMS = (1, 5)
@@ -60,9 +61,9 @@ def tune_checkpoint(path: str | Path, out: str | Path, device: torch.device, src
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
     and write it to `out` with the best setting as its decode defaults. Returns every setting's BLEU, best first."""
     if (src is None) != (ref is None):
-        raise EvaluateError("give both --src and --ref, or neither to use the prepared valid split")
+        raise MtError("give both --src and --ref, or neither to use the prepared valid split")
     if not beams or min(beams) < 1 or not penalties:
-        raise EvaluateError(f"beams {beams} and length penalties {penalties}: need at least one of each, beams >= 1")
+        raise MtError(f"beams {beams} and length penalties {penalties}: need at least one of each, beams >= 1")
     loaded = load_model(path, device)
     sources, refs = held_out(loaded, src, ref)
     results = tune(loaded, sources, refs, device, beams, penalties, progress)
@@ -77,9 +78,9 @@ def held_out(loaded: Loaded, src: str | Path | None = None,
         data = Path(loaded.config.data)
         src, ref = data / "valid.src.txt", data / "valid.tgt.txt"
         if not Path(src).is_file():
-            raise EvaluateError(f"{src}: not found; the checkpoint's data directory ({data}, relative to the "
-                                "working directory) has no valid split here. Pass --src and --ref")
+            raise MtError(f"{src}: not found; the checkpoint's data directory ({data}, relative to the "
+                          "working directory) has no valid split here. Pass --src and --ref")
     sources, refs = read_text(src), read_text(ref)
     if len(sources) != len(refs):
-        raise EvaluateError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be line-aligned")
+        raise MtError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be line-aligned")
     return sources, refs

@@ -16,9 +16,9 @@ from mt.bench import (
     write_readme_table,
 )
 from mt.data import pad
+from mt.fast import Bf16Linear, for_inference
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import Bf16Linear, for_inference
 
 
 def test_fixed_output_length_makes_random_weights_do_full_work():

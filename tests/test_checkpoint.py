@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from mt import checkpoint
-from mt.checkpoint import CheckpointError, load_model
+from mt.checkpoint import load_model
 from mt.config import Config, to_dict
+from mt.errors import MtError
 
 from .conftest import tiny_model
 
@@ -42,12 +43,12 @@ def test_truncated_or_foreign_files_are_clear_errors(tmp_path, tokenizer):
     path = tmp_path / "c.pt"
     checkpoint.save(state_for(tiny_model(vocab=tokenizer.vocab_size), tokenizer), path)
     path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="c.pt: not a readable mt checkpoint"):
+    with pytest.raises(MtError, match="c.pt: not a readable mt checkpoint"):
         checkpoint.load(path)
     torch.save({"weights": torch.zeros(2)}, path)
-    with pytest.raises(CheckpointError, match="not an mt checkpoint"):
+    with pytest.raises(MtError, match="not an mt checkpoint"):
         checkpoint.load(path)
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(MtError, match="not found"):
         checkpoint.load(tmp_path / "missing.pt")
 
 
@@ -58,5 +59,5 @@ def test_loading_never_runs_code_from_the_file(tmp_path):
 
     path = tmp_path / "evil.pt"
     torch.save({"model": Evil(), "config": {}, "spm": {}}, path)
-    with pytest.raises(CheckpointError):
+    with pytest.raises(MtError):
         checkpoint.load(path)

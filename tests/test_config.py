@@ -1,6 +1,7 @@
 import pytest
 
-from mt.config import ConfigError, load_config, to_dict
+from mt.config import load_config, to_dict
+from mt.errors import MtError
 
 
 def write(tmp_path, text):
@@ -21,29 +22,29 @@ def test_yaml_then_overrides_win(tmp_path):
 
 
 def test_unknown_key_lists_the_valid_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*\blr\b.*warmup"):
+    with pytest.raises(MtError, match=r"unknown config key 'train.lrr'.*\blr\b.*warmup"):
         load_config(write(tmp_path, "train:\n  lrr: 0.1\n"))
-    with pytest.raises(ConfigError, match="sections are: .*model"):
+    with pytest.raises(MtError, match="sections are: .*model"):
         load_config(None, ["modle.d_model=4"])
 
 
 def test_bad_values_name_the_key_and_what_is_allowed(tmp_path):
-    with pytest.raises(ConfigError, match=r"model.d_model='big': expected int"):
+    with pytest.raises(MtError, match=r"model.d_model='big': expected int"):
         load_config(None, ["model.d_model=big"])
-    with pytest.raises(ConfigError, match="model.activation='tanh': must be one of relu, gelu"):
+    with pytest.raises(MtError, match="model.activation='tanh': must be one of relu, gelu"):
         load_config(None, ["model.activation=tanh"])
-    with pytest.raises(ConfigError, match="train.valid_bleu=1: expected bool"):
+    with pytest.raises(MtError, match="train.valid_bleu=1: expected bool"):
         load_config(None, ["train.valid_bleu=1"])
-    with pytest.raises(ConfigError, match="expected key=value"):
+    with pytest.raises(MtError, match="expected key=value"):
         load_config(None, ["train.lr"])
-    with pytest.raises(ConfigError, match="train.patience=-1: must be 0 .never stop early. or more"):
+    with pytest.raises(MtError, match="train.patience=-1: must be 0 .never stop early. or more"):
         load_config(None, ["train.patience=-1"])
-    with pytest.raises(ConfigError, match="train.valid_beam=0: must be positive"):
+    with pytest.raises(MtError, match="train.valid_beam=0: must be positive"):
         load_config(None, ["train.valid_beam=0"])
 
 
 def test_heads_must_divide_d_model():
-    with pytest.raises(ConfigError, match="d_model=100 is not divisible by model.n_heads=8"):
+    with pytest.raises(MtError, match="d_model=100 is not divisible by model.n_heads=8"):
         load_config(None, ["model.d_model=100"])
 
 

@@ -8,7 +8,6 @@ import pytest
 from mt import corpus
 from mt.corpus import (
     CleanCounts,
-    CorpusError,
     HfDataset,
     JsonlFile,
     TableFile,
@@ -21,6 +20,7 @@ from mt.corpus import (
     normalise,
     read_pairs,
 )
+from mt.errors import MtError
 
 DATA = Path(__file__).parents[2] / "shared/data"
 MULTI30K = DATA / "multi30k"
@@ -71,7 +71,7 @@ def test_tsv_gz(tmp_path):
 @pytest.mark.parametrize("bad_line", ["no tab here", "one\ttwo\tthree"])
 def test_tsv_line_without_exactly_one_tab_names_file_and_line(tmp_path, bad_line):
     path = write(tmp_path / "c.tsv", f"a\tb\n{bad_line}\n")
-    with pytest.raises(CorpusError, match=rf"{path}:2: expected 2 tab-separated fields"):
+    with pytest.raises(MtError, match=rf"{path}:2: expected 2 tab-separated fields"):
         read(str(path))
 
 
@@ -88,13 +88,13 @@ def test_jsonl_both_shapes_and_blank_lines(tmp_path):
 
 def test_jsonl_errors_name_file_and_line(tmp_path):
     path = write(tmp_path / "c.jsonl", '{"de": "a", "en": "b"}\n{"de": "a", "fr": "b"}\n')
-    with pytest.raises(CorpusError, match=rf"{path}:2: no 'en' key"):
+    with pytest.raises(MtError, match=rf"{path}:2: no 'en' key"):
         read(str(path))
     write(path, '{"de": "a", "en": "b"}\n{"de": "a", \n')
-    with pytest.raises(CorpusError, match=rf"{path}:2: invalid JSON"):
+    with pytest.raises(MtError, match=rf"{path}:2: invalid JSON"):
         read(str(path))
     write(path, '{"de": "a", "en": null}\n')
-    with pytest.raises(CorpusError, match=rf"{path}:1: 'en' is NoneType"):
+    with pytest.raises(MtError, match=rf"{path}:1: 'en' is NoneType"):
         read(str(path))
 
 
@@ -112,9 +112,9 @@ def test_hf_dataset_from_a_local_directory(tmp_path, monkeypatch):
     assert source == HfDataset(str(data), None, "validation", "de", "en")
     assert list(read_pairs(source)) == [("Tag", "Day")]
     assert read(f"hf:{data}::train", split="test") == [("Hallo", "Hello")]  # an explicit split wins
-    with pytest.raises(CorpusError, match="split 'test'.*cannot load"):
+    with pytest.raises(MtError, match="split 'test'.*cannot load"):
         read(f"hf:{data}", split="test")
-    with pytest.raises(CorpusError, match="no 'fr' key"):
+    with pytest.raises(MtError, match="no 'fr' key"):
         list(read_pairs(find_source(f"hf:{data}", "de", "fr", "train")))
 
 
@@ -131,10 +131,10 @@ def test_parquet_and_csv_are_streamed_through_datasets(tmp_path, monkeypatch):
     assert find_source(str(tmp_path / "c.csv"), "de", "en", "train") == TableFile(tmp_path / "c.csv", "csv",
                                                                                   "de", "en")
     assert read(str(tmp_path / "c.csv")) == [("Hallo", "Hello"), ("Ja", "Yes, world"), ("42", "42"), ("leer", "")]
-    with pytest.raises(CorpusError, match=r"c.csv row 1: no 'fr' key"):
+    with pytest.raises(MtError, match=r"c.csv row 1: no 'fr' key"):
         list(read_pairs(find_source(str(tmp_path / "c.csv"), "de", "fr", "train")))
     write(tmp_path / "bad.parquet", "not parquet\n")
-    with pytest.raises(CorpusError, match=r"bad.parquet: cannot read as parquet"):
+    with pytest.raises(MtError, match=r"bad.parquet: cannot read as parquet"):
         read(str(tmp_path / "bad.parquet"))
 
 
@@ -144,38 +144,38 @@ def test_parquet_and_csv_are_streamed_through_datasets(tmp_path, monkeypatch):
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
     de = write(tmp_path / "c.de", "a\nb\nc\n")
     en = write(tmp_path / "c.en", "x\ny\n")
-    with pytest.raises(CorpusError) as error:
+    with pytest.raises(MtError) as error:
         read(str(tmp_path / "c"))
     assert str(error.value).startswith(f"{de} has 3 lines but {en} has 2")
     write(de, "a\n")
-    with pytest.raises(CorpusError, match=f"{de} has 1 lines but {en} has 2"):
+    with pytest.raises(MtError, match=f"{de} has 1 lines but {en} has 2"):
         read(str(tmp_path / "c"))
 
 
 def test_missing_files_are_named(tmp_path):
     write(tmp_path / "c.de", "a\n")
     with pytest.raises(
-        CorpusError, match=rf"no en file for corpus prefix .*{tmp_path / 'c.en'} nor {tmp_path / 'c.en.gz'}"
+        MtError, match=rf"no en file for corpus prefix .*{tmp_path / 'c.en'} nor {tmp_path / 'c.en.gz'}"
     ):
         find_source(str(tmp_path / "c"), "de", "en", "train")
-    with pytest.raises(CorpusError, match=rf"{tmp_path / 'nope.tsv'}: no such file"):
+    with pytest.raises(MtError, match=rf"{tmp_path / 'nope.tsv'}: no such file"):
         find_source(str(tmp_path / "nope.tsv"), "de", "en", "train")
 
 
 def test_empty_file_is_an_error(tmp_path):
     write(tmp_path / "c.de", "")
     write(tmp_path / "c.en.gz", "x\n")
-    with pytest.raises(CorpusError, match=rf"{tmp_path / 'c.de'}: file is empty"):
+    with pytest.raises(MtError, match=rf"{tmp_path / 'c.de'}: file is empty"):
         read(str(tmp_path / "c"))
     write(tmp_path / "d.tsv.gz", "")
-    with pytest.raises(CorpusError, match="file is empty"):
+    with pytest.raises(MtError, match="file is empty"):
         read(str(tmp_path / "d.tsv.gz"))
 
 
 def test_invalid_utf8_names_file_and_line_and_replace_works(tmp_path):
     de = write(tmp_path / "c.de", b"gut\nschl\xff\xfecht\n")
     write(tmp_path / "c.en", "good\nbad\n")
-    with pytest.raises(CorpusError, match=rf"{de}:2: invalid UTF-8 .*--encoding-errors replace"):
+    with pytest.raises(MtError, match=rf"{de}:2: invalid UTF-8 .*--encoding-errors replace"):
         read(str(tmp_path / "c"))
     assert read(str(tmp_path / "c"), encoding_errors="replace") == [
         ("gut", "good"),
@@ -261,9 +261,9 @@ def test_dedup_compares_whole_pairs():
 
 
 def test_unknown_corpus_and_language():
-    with pytest.raises(CorpusError, match="unknown corpus 'wmt99'; known corpora: multi30k"):
+    with pytest.raises(MtError, match="unknown corpus 'wmt99'; known corpora: multi30k"):
         named_source("wmt99", "train", "de", "en")
-    with pytest.raises(CorpusError, match="multi30k has no 'ja'"):
+    with pytest.raises(MtError, match="multi30k has no 'ja'"):
         multi30k("train", "ja", "en")
 
 
@@ -289,7 +289,7 @@ def tampered_copy(directory: Path, name: str) -> None:
 @needs_multi30k
 def test_checksum_catches_a_tampered_mirror_file(tmp_path):
     tampered_copy(tmp_path / "mirror/multi30k", "val.en.gz")
-    with pytest.raises(CorpusError, match=r"val\.en\.gz: sha256 is [0-9a-f]{64}, expected 14f7d25d"):
+    with pytest.raises(MtError, match=r"val\.en\.gz: sha256 is [0-9a-f]{64}, expected 14f7d25d"):
         multi30k("valid", "de", "en", mirror=tmp_path / "mirror")
 
 
@@ -305,16 +305,16 @@ def test_download_goes_to_the_cache_verified(tmp_path, monkeypatch):
 
     monkeypatch.setattr(corpus, "MULTI30K_URL", f"file://{tmp_path}/nowhere/{{name}}")
     assert multi30k("valid", "de", "en").src_path == cache / "val.de.gz"  # served from the cache, no download
-    with pytest.raises(CorpusError, match=r"cannot download file://.*/nowhere/train\.de\.gz .*MT_MIRROR"):
+    with pytest.raises(MtError, match=r"cannot download file://.*/nowhere/train\.de\.gz .*MT_MIRROR"):
         multi30k("train", "de", "en")
-    with pytest.raises(CorpusError, match=r"and .*/empty/multi30k/train\.de\.gz does not exist"):
+    with pytest.raises(MtError, match=r"and .*/empty/multi30k/train\.de\.gz does not exist"):
         multi30k("train", "de", "en", mirror=tmp_path / "empty")  # a mirror without the file: try the cache
 
     tampered_copy(tmp_path / "tampered", "val.de.gz")
     monkeypatch.setattr(corpus, "MULTI30K_URL", f"file://{tmp_path}/tampered/{{name}}")
     (cache / "val.de.gz").unlink()
     with pytest.raises(
-        CorpusError, match=r"val\.de\.gz: downloaded file has sha256 [0-9a-f]{64}, expected f0cba2f9"
+        MtError, match=r"val\.de\.gz: downloaded file has sha256 [0-9a-f]{64}, expected f0cba2f9"
     ):
         multi30k("valid", "de", "en")
     assert sorted(p.name for p in cache.iterdir()) == ["val.en.gz"]  # nothing half-written left behind

@@ -6,6 +6,7 @@ import torch
 
 from mt.config import Config
 from mt.data import Split, batch_by_tokens, collate, epoch_batches, train_splits
+from mt.errors import MtError
 from mt.tokenizer import BOS, EOS, PAD
 from mt.train import step_batches
 
@@ -80,5 +81,5 @@ def test_collate_cuts_to_the_model_length(tmp_path):
 
 
 def test_missing_split_says_how_to_make_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="mt prepare"):
+    with pytest.raises(MtError, match="mt prepare"):
         Split(tmp_path, "train")

@@ -1,6 +1,8 @@
 import pytest
 
-from mt.evaluate import EvaluateError, read_text, render, score, score_files
+from mt.errors import MtError
+from mt.evaluate import render, score, score_files
+from mt.lines import read_text
 
 
 def test_scores_come_with_signatures():
@@ -23,7 +25,7 @@ def test_identical_output_scores_100_and_lowercase_ignores_case():
 def test_mismatched_files_are_an_error_naming_both(tmp_path):
     (tmp_path / "h").write_text("a\nb\n")
     (tmp_path / "r").write_text("a\n")
-    with pytest.raises(EvaluateError, match=r"h has 2 lines but .*r has 1"):
+    with pytest.raises(MtError, match=r"h has 2 lines but .*r has 1"):
         score_files(tmp_path / "h", tmp_path / "r")
 
 
@@ -32,5 +34,5 @@ def test_read_text_keeps_lines_exactly(tmp_path):
     path.write_bytes("\ufeffone\r\n\r\nthree\x0bstill three\n".encode())
     assert read_text(path) == ["one", "", "three\x0bstill three"]
     path.write_bytes(b"ok\n\xff\n")
-    with pytest.raises(EvaluateError, match="line 2: not valid UTF-8"):
+    with pytest.raises(MtError, match="line 2: not valid UTF-8"):
         read_text(path)

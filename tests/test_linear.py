@@ -3,10 +3,10 @@ import torch
 import torch.nn.functional as F
 
 import mt.linear
+from mt.fast import for_inference
 from mt.linear import OneDnnLinear, use_onednn
 from mt.search import beam_search
 from mt.tokenizer import BOS
-from mt.translate import for_inference
 
 from .conftest import tiny_model
 

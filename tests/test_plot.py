@@ -6,7 +6,8 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from mt.cli import app
-from mt.plot import DPI, FIGSIZE, PlotError, plot_runs, read_log
+from mt.errors import MtError
+from mt.plot import DPI, FIGSIZE, plot_runs, read_log
 
 from .test_train import prepared, small_config  # noqa: F401  (prepared is a fixture)
 
@@ -55,7 +56,7 @@ def test_a_resumed_runs_repeated_steps_keep_the_later_record(tmp_path):
 
 
 def test_a_directory_without_a_log_is_an_error_naming_the_file(tmp_path):
-    with pytest.raises(PlotError, match="log.jsonl: not found"):
+    with pytest.raises(MtError, match="log.jsonl: not found"):
         plot_runs([tmp_path], tmp_path / "c.png")
     assert not (tmp_path / "c.png").exists()
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import mt.prepare
-from mt.corpus import CorpusError, normalise
+from mt.corpus import normalise
+from mt.errors import MtError
 from mt.prepare import prepare, summary
 from mt.tokenizer import BOS, EOS, PAD, Tokenizer
 
@@ -206,7 +207,7 @@ def test_failure_midway_leaves_the_previous_output_intact(tmp_path, handmade, mo
 
     # A bad valid file: the two sides disagree on their line count.
     Path(handmade["valid"] + ".en").write_text("only one line\n", encoding="utf-8")
-    with pytest.raises(CorpusError, match="has 3 lines but .* has 1"):
+    with pytest.raises(MtError, match="has 3 lines but .* has 1"):
         prepare(out, "de", "en", **handmade, vocab_size=120, progress=False)
     assert snapshot(out) == before
 
@@ -234,28 +235,28 @@ def test_a_directory_that_is_not_prepared_data_is_never_replaced(tmp_path, handm
     out = tmp_path / "project"
     out.mkdir()
     (out / "notes.txt").write_text("precious")
-    with pytest.raises(CorpusError, match="not a prepared data directory"):
+    with pytest.raises(MtError, match="not a prepared data directory"):
         prepare(out, "de", "en", train=handmade["train"], vocab_size=120, progress=False)
     assert (out / "notes.txt").read_text() == "precious"
 
 
 def test_argument_errors(tmp_path, handmade):
     out = tmp_path / "prepared"
-    with pytest.raises(CorpusError, match="no training data"):
+    with pytest.raises(MtError, match="no training data"):
         prepare(out, "de", "en", progress=False)
-    with pytest.raises(CorpusError, match="both 'de'"):
+    with pytest.raises(MtError, match="both 'de'"):
         prepare(out, "de", "de", train=handmade["train"], progress=False)
-    with pytest.raises(CorpusError, match="model type must be one of unigram, bpe"):
+    with pytest.raises(MtError, match="model type must be one of unigram, bpe"):
         prepare(out, "de", "en", train=handmade["train"], model_type="word", progress=False)
-    with pytest.raises(CorpusError, match="encoding errors must be one of"):
+    with pytest.raises(MtError, match="encoding errors must be one of"):
         prepare(out, "de", "en", train=handmade["train"], encoding_errors="surrogateescape", progress=False)
-    with pytest.raises(CorpusError, match="no fr file for corpus prefix"):
+    with pytest.raises(MtError, match="no fr file for corpus prefix"):
         prepare(out, "fr", "en", train=handmade["train"], progress=False)
-    with pytest.raises(CorpusError, match="SentencePiece training failed: .*Vocabulary size is smaller"):
+    with pytest.raises(MtError, match="SentencePiece training failed: .*Vocabulary size is smaller"):
         prepare(out, "de", "en", train=handmade["train"], vocab_size=10, progress=False)
-    with pytest.raises(CorpusError, match="no training pairs left after cleaning"):
+    with pytest.raises(MtError, match="no training pairs left after cleaning"):
         prepare(out, "de", "en", train=write_prefix(tmp_path / "empty", [("", "x")]), progress=False)
-    with pytest.raises(CorpusError, match="no training pair has at most 2 tokens a side"):
+    with pytest.raises(MtError, match="no training pair has at most 2 tokens a side"):
         prepare(out, "de", "en", train=handmade["train"], vocab_size=120, max_tokens=2, progress=False)
     assert not out.exists()
 

@@ -6,7 +6,8 @@ import torch
 
 from mt import checkpoint
 from mt.average import average_on_valid, average_run, choose
-from mt.checkpoint import CheckpointError, load_model
+from mt.checkpoint import load_model
+from mt.errors import MtError
 from mt.train import train
 from mt.translate import Options, translate_ids, translate_lines
 from mt.tune import grid, save_tuned, tune
@@ -48,7 +49,7 @@ def test_several_counts_keep_the_average_with_the_best_valid_bleu(run, prepared,
 
 
 def test_choosing_among_more_checkpoints_than_kept_fails_before_translating(run, tmp_path):
-    with pytest.raises(CheckpointError, match="kept 4"):
+    with pytest.raises(MtError, match="kept 4"):
         average_on_valid(run, tmp_path / "avg.pt", (2, 8), torch.device("cpu"))
     assert not (tmp_path / "avg.pt").exists()
 
@@ -70,12 +71,12 @@ def test_best_n_are_ranked_by_validation_bleu_else_loss(run, tmp_path):
                                       30: {"step": 30, "valid_loss": 1.8}})
     assert choose(tmp_path / "loss", best=1) == [tmp_path / "loss" / "checkpoint-20.pt"]
     fake_run(run, tmp_path / "none", {10: {"step": 10}})
-    with pytest.raises(CheckpointError, match="no validation score .* --last N instead"):
+    with pytest.raises(MtError, match="no validation score .* --last N instead"):
         choose(tmp_path / "none", best=1)
 
 
 def test_asking_for_more_checkpoints_than_the_run_kept_says_how_many_it_has(run, tmp_path):
-    with pytest.raises(CheckpointError, match="kept 4 .*raise train.keep_checkpoints"):
+    with pytest.raises(MtError, match="kept 4 .*raise train.keep_checkpoints"):
         average_run(run, tmp_path / "avg.pt", last=9)
     assert not (tmp_path / "avg.pt").exists()
 

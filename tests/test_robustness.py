@@ -27,9 +27,10 @@ from mt import checkpoint
 from mt.cli import app
 from mt.config import Config, DecodeConfig, ModelConfig, to_dict
 from mt.data import Split, epoch_batches
+from mt.errors import MtError
 from mt.prepare import prepare
 from mt.tokenizer import Tokenizer
-from mt.train import TrainError, resume_config, same_pieces, train
+from mt.train import resume_config, same_pieces, train
 
 from .conftest import LEXICON, prepare_corpus, tiny_model, write_corpus
 
@@ -180,7 +181,7 @@ def test_a_full_disk_is_a_clear_error_that_keeps_the_previous_checkpoint(tmp_pat
     checkpoint.save({"model": {}, "config": {}, "spm": {}, "step": 1}, path)
     before = path.read_bytes()
     monkeypatch.setattr(checkpoint, "open", lambda _, mode: open("/dev/full", mode), raising=False)
-    with pytest.raises(checkpoint.CheckpointError, match=f"{path}: cannot write \\(No space left on device\\)"):
+    with pytest.raises(checkpoint.MtError, match=f"{path}: cannot write \\(No space left on device\\)"):
         checkpoint.save({"model": {"w": torch.zeros(10_000)}, "config": {}, "spm": {}, "step": 2}, path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
@@ -219,7 +220,7 @@ def test_a_diverging_run_stops_clearly(data, tmp_path):
     # Resumed with a silly learning rate: step 5 makes the weights huge (finite), so every later loss is NaN and
     # every later step is skipped, until max_bad_steps of them in a row stop the run.
     cfg = resume_config(run, ["train.lr=1e30", "train.max_bad_steps=3", "train.max_steps=100"])
-    with pytest.raises(TrainError, match=r"after step 5: 3 steps in a row had a non-finite loss or gradients and "
+    with pytest.raises(MtError, match=r"after step 5: 3 steps in a row had a non-finite loss or gradients and "
                                          r"were skipped; stopped\..*train\.lr.*train\.clip_norm.*fp32.*--resume"):
         train(cfg, run, resume=True, progress=False)
     assert log_records(run)[-1]["skipped_steps"] == 3
@@ -240,7 +241,7 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written(data, tmp_path, m
 
     monkeypatch.setattr(mt.train, "train_step", step_that_overflows)
     cfg = resume_config(run, ["train.valid_every=1", "train.max_steps=100"])
-    with pytest.raises(TrainError, match=r"step 5: the model's weights are not finite; no checkpoint written"):
+    with pytest.raises(MtError, match=r"step 5: the model's weights are not finite; no checkpoint written"):
         train(cfg, run, resume=True, progress=False)
     assert {p.name: p.read_bytes() for p in run.glob("*.pt")} == before
 

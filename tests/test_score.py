@@ -4,7 +4,8 @@ from typer.testing import CliRunner
 
 from mt import checkpoint
 from mt.cli import app
-from mt.score import ScoreError, score_pairs
+from mt.errors import MtError
+from mt.score import score_pairs
 from mt.tokenizer import BOS, EOS
 
 from .test_checkpoint import state_for
@@ -36,9 +37,9 @@ def test_scores_equal_step_by_step_decoding_in_any_batching(loaded):
 
 
 def test_too_long_or_unaligned_input_is_an_error_naming_the_line(loaded):
-    with pytest.raises(ScoreError, match="line 2: the target has"):
+    with pytest.raises(MtError, match="line 2: the target has"):
         score_pairs(loaded, ["a", "b"], ["a", " ".join(["cat"] * 100)])
-    with pytest.raises(ScoreError, match="line-aligned"):
+    with pytest.raises(MtError, match="line-aligned"):
         score_pairs(loaded, ["a", "b"], ["a"])
 
 

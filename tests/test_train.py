@@ -2,13 +2,15 @@ import numpy as np
 import pytest
 import torch
 
-from mt import train as train_module
+from mt import device as device_module
 from mt.config import Config, ModelConfig, TrainConfig
 from mt.data import batch_by_tokens, pad
+from mt.device import autocast_dtype
+from mt.errors import MtError
 from mt.model import Transformer
 from mt.search import greedy
 from mt.tokenizer import BOS, EOS, PAD
-from mt.train import adam, autocast_dtype, cooldown_factor, label_smoothed_loss, learning_rate, train_step
+from mt.train import adam, cooldown_factor, label_smoothed_loss, learning_rate, train_step
 
 from .conftest import prepare_corpus
 
@@ -31,7 +33,7 @@ def test_cooldown_holds_the_rate_then_brings_it_linearly_to_zero_at_the_end_of_t
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_precision_on_a_cpu_is_bf16_only_where_it_multiplies_bf16_in_hardware(monkeypatch, native):
-    monkeypatch.setattr(train_module, "native_bf16", lambda: native)
+    monkeypatch.setattr(device_module, "native_bf16", lambda: native)
     cpu = torch.device("cpu")
     assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)
     assert autocast_dtype("fp32", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
@@ -162,18 +164,18 @@ def test_with_ema_the_saved_model_is_the_moving_average_of_the_trained_weights(p
 
 
 def test_a_run_directory_is_never_overwritten(prepared, tmp_path):
-    from mt.train import TrainError, train
+    from mt.train import train
 
     train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
-    with pytest.raises(TrainError, match="already holds a run; pass --resume"):
+    with pytest.raises(MtError, match="already holds a run; pass --resume"):
         train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
 
 
 def test_vocabulary_mismatch_is_a_clear_error(prepared, tmp_path):
-    from mt.config import ConfigError
+
     from mt.train import train
 
     cfg = small_config(prepared, max_steps=10)
     cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 999
-    with pytest.raises(ConfigError, match="vocabulary of"):
+    with pytest.raises(MtError, match="vocabulary of"):
         train(cfg, tmp_path / "run", progress=False)

@@ -1,0 +1,82 @@
+"""Text files, one sentence per line: the one reader and the one writer every command uses.
+
+Lines end at "\\n" only (as `wc -l` counts them), a trailing "\\r" is dropped, and a leading byte-order mark is
+ignored. Files are decoded as UTF-8 line by line, so an invalid byte is reported with its file and line. Output is
+written to a temporary name and renamed into place, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from mt.errors import MtError
+
+ENCODING_ERRORS = ("strict", "replace", "ignore")
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def read_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
+    """Yield the lines of a plain or gzip (by suffix) UTF-8 file, without their "\\n" or "\\r\\n".
+
+    A leading byte-order mark is dropped. Raises `MtError` for a missing, unreadable or empty file and, when
+    `encoding_errors` is "strict", for invalid UTF-8.
+    """
+    if encoding_errors not in ENCODING_ERRORS:
+        raise MtError(
+            f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
+        )
+    lineno = 0
+    try:
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8", encoding_errors)
+                except UnicodeDecodeError as e:
+                    raise MtError(
+                        f"{path}:{lineno}: invalid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                        "fix the file or pass --encoding-errors replace"
+                    ) from None
+                if lineno == 1:
+                    line = line.removeprefix("\ufeff")
+                yield line.removesuffix("\n").removesuffix("\r")
+    except FileNotFoundError:
+        raise MtError(f"{path}: no such file") from None
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a truncated .gz ends in EOFError
+        raise MtError(f"{path}: cannot read ({e})") from None
+    if lineno == 0:
+        raise MtError(f"{path}: file is empty")
+
+
+def read_text(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file, CRLF and a BOM tolerated; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise MtError(f"{path}: file not found")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise MtError(f"{path}, line {line}: not valid UTF-8; convert the file to UTF-8") from None
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    return lines[:-1] if lines[-1] == "" else lines  # a final newline ends the last line, not a new one
+
+
+def write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """Write lines to a temporary file beside `path` and rename it into place when complete."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(line + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
