@@ -116,11 +116,16 @@ def collate(split: Split, indices: np.ndarray, max_len: int) -> Batch:
     """Build a padded batch. Sequences are cut to fit `max_len` positions including their BOS/EOS."""
     srcs = [split.src(i)[:max_len - 1] for i in indices]
     tgts = [split.tgt(i)[:max_len - 1] for i in indices]
-    src = pad(srcs, [], [EOS])
+    tgt_in, tgt_out = shift_targets(tgts)
+    return Batch(pad(srcs, [], [EOS]), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
+
+
+def shift_targets(tgts: list[np.ndarray | list[int]]) -> tuple[Tensor, Tensor]:
+    """Teacher forcing: the decoder reads BOS + pieces and must predict pieces + EOS; both (B, T), right-padded."""
     tgt = pad(tgts, [BOS], [EOS])  # BOS ... EOS; input drops the last column, output the first
     tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:].clone()
     tgt_in[tgt_in == EOS] = PAD  # the EOS of shorter rows is not an input
-    return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD).sum()))
+    return tgt_in, tgt_out
 
 
 def epoch_batches(split: Split, max_tokens: int, max_len: int, seed: int, epoch: int) -> list[np.ndarray]:
