@@ -77,7 +77,7 @@ class SelfAttention(nn.Module):
         v_cache[t] = v
         keys = k_cache[:t + 1].permute(1, 2, 0, 3)  # (B, H, t+1, Dh), a strided view
         values = v_cache[:t + 1].permute(1, 2, 0, 3)
-        y = self.attend_step(q[:, :, None], keys, values, None, 0.0, False)  # (B, H, 1, Dh)
+        y = self.attend_step(q[:, :, None], keys, values, None, 0.0, causal=False)  # (B, H, 1, Dh)
         return self.out(merge_heads(y))
 
 
@@ -98,12 +98,12 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
         q = split_heads(self.q(x), self.n_heads)
-        y = self.attend(q, k, v, src_mask, self.dropout if self.training else 0.0, False)
+        y = self.attend(q, k, v, src_mask, self.dropout if self.training else 0.0, causal=False)
         return self.out(merge_heads(y))
 
     def step(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
         """Decoding: x (n, k, D) holds the current position of a sentence's k beams, as k queries."""
-        y = self.attend_step(split_heads(self.q(x), self.n_heads), k, v, src_mask, 0.0, False)  # (n, H, k, Dh)
+        y = self.attend_step(split_heads(self.q(x), self.n_heads), k, v, src_mask, 0.0, causal=False)
         return self.out(merge_heads(y))
 
 
