@@ -1,12 +1,10 @@
-"""Dropout that is cheap on CPU.
+"""Dropout that is cheap on CPU (a fast path of mt/fast.py).
 
-`F.dropout` on CPU draws its mask with `bernoulli_`, which took 3x as long as drawing uniform numbers with
-`rand_like` and comparing (machine B, an AMD EPYC): in a training step of the Multi30k recipe model its 40-odd
-dropouts cost a fifth of the step. PyTorch's CPU generator is serial and makes 32 random bits at a time, so the
-cheapest mask spends as few bits as it can: `keep_mask` compares 16-bit integers, four from each 64 random
-bits (2.7x faster than `rand_like` in fp32, 4x in bf16; training steps 10% faster). `dropout` keeps the mask as
-a scaled float mask (one multiply forward, one backward) and is `F.dropout` everywhere else (GPU,
-`torch.compile`, which fuse it). Each element is kept with probability 1 - p (to within 1/65536) and scaled by
+`F.dropout` on CPU draws its mask with `bernoulli_`, slower than drawing uniform numbers and comparing, and a
+training step has dozens of dropouts. PyTorch's CPU generator is serial and makes 32 random bits at a time, so
+the cheapest mask spends as few bits as it can: `keep_mask` compares 16-bit integers, four from each 64 random
+bits. `dropout` keeps the mask as a scaled float mask (one multiply forward, one backward) and is `F.dropout`
+everywhere else (GPU, `torch.compile`, which fuse it). Each element is kept with probability 1 - p (to within 1/65536) and scaled by
 1 / (1 - p), as `F.dropout` does.
 """
 

@@ -1,12 +1,11 @@
-"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU.
+"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU (a fast path of mt/fast.py).
 
 PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
-Intel's. oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it: on an AMD EPYC with AVX-512 it
-multiplied the model's matrices 2.2-2.4x faster. `Linear` is an `nn.Linear` (same parameters, same
-checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on such CPUs: AVX-512 and not
-Intel. The choice is a fact of the machine, not a timing, so every process on it computes the same numbers
-(resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`, Intel
-CPUs, where MKL has its AVX-512 code) is `F.linear`.
+Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it. `Linear` is an `nn.Linear` (same
+parameters, same checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on such CPUs:
+AVX-512 and not Intel. The choice is a fact of the machine, not a timing, so every process on it computes the
+same numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes,
+`torch.compile`, Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
 """
@@ -94,7 +93,7 @@ class OneDnnLinear(torch.autograd.Function):
 def onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
     """g^T x, (out, in), for g (N, out) and x (N, in). oneDNN copies an input given transposed, not a weight, so
     the smaller of the two goes in as the input: for the output layer, x rather than the tokens × vocabulary
-    gradient (4.6x faster on machine B)."""
+    gradient."""
     if x.size(1) <= g.size(1):
         return onednn_mm(x.t(), g.t()).t()
     return onednn_mm(g.t(), x.t())

@@ -1,5 +1,5 @@
 """Label-smoothed cross-entropy, summed over non-padding targets, with a hand-written backward; and, for training
-on CPU, the output layer and this loss fused, a block of rows at a time.
+on CPU, the output layer and this loss fused, a block of rows at a time (a fast path of mt/fast.py).
 
 The result equals `F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=eps, reduction="sum")`
 (tests/test_loss.py checks values and gradients). It exists for speed: with a large vocabulary the (N, V) logits
@@ -11,7 +11,6 @@ softmax(logits) - (1 - eps) * onehot(target) - eps / V, scaled per row: no other
 `output_loss` goes further on CPU, where the (N, V) logits do not fit in any cache and every pass over them
 is a trip to memory: it computes the logits, the loss and the gradient (of the hidden states and of the output
 weights) for ~2M logits (8 MB) at a time, which stay in the last-level cache, and never holds all the logits.
-On machine B this made the training step of the Multi30k recipe model 12% faster.
 """
 
 from __future__ import annotations
@@ -20,8 +19,9 @@ import torch
 from torch import Tensor
 
 from mt.linear import linear, linear_grads, plain_cpu_fp32
+from mt.tokenizer import PAD
 
-BLOCK = 2 ** 21  # logits per block of rows in `output_loss` (8 MB in float32; 2^20 to 2^22 ran alike)
+BLOCK = 2 ** 21  # logits per block of rows in `output_loss` (8 MB in float32: fits in a last-level cache)
 
 
 def summed_loss(logp: Tensor, target: Tensor, smoothing: float, keep: Tensor) -> Tensor:
@@ -61,8 +61,9 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_
     return _SmoothedCrossEntropy.apply(logits, target, smoothing, ignore_index)
 
 
-def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, ignore_index: int) -> Tensor:
-    """`label_smoothed_nll(linear(hidden, weight), target, ...)`: hidden (N, D), weight (V, D), target (N,).
+def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, ignore_index: int = PAD) -> Tensor:
+    """`label_smoothed_nll(linear(hidden, weight), target, ...)`: hidden (N, D), weight (V, D), target (N,); the
+    fast path for `mt.model.output_loss`, with its signature.
 
     Fused on CPU in float32 (see the module docstring); everywhere else (GPU, autocast, torch.compile) the logits
     are made whole, in float32, and given to `label_smoothed_nll`."""

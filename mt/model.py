@@ -7,6 +7,9 @@ Conventions, stated once:
   (it is not padding). That is the convention of `F.scaled_dot_product_attention`.
 - Target sequences are right-padded, so the causal mask alone keeps real positions from seeing padding.
 - Incremental decoding passes a `DecoderCache` in and gets it back; modules hold no decoding state.
+
+Plain PyTorch throughout: `nn.Linear`, `nn.Dropout`, `F.scaled_dot_product_attention`, `F.cross_entropy`. Faster
+CPU kernels with the same parameters are swapped in from outside by `mt.fast.for_training` and `for_inference`.
 """
 
 from __future__ import annotations
@@ -19,37 +22,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.config import ModelConfig
-from mt.dropout import Dropout, dropout
-from mt.linear import Linear
-from mt.loss import output_loss
 from mt.tokenizer import PAD
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float, causal: bool) -> Tensor:
-    """Scaled dot-product attention over (B, H, T, Dh) tensors; PyTorch picks the fused kernel.
-
-    Training on CPU, the fused kernel is often the slower one, and then attention is computed here, step by
-    step (machine B, forward and backward): with attention dropout (PyTorch has no fused kernel for it on CPU and
-    computes this, with the slower dropout mask of `mt.dropout`: 1.1-1.4x), in bf16 (the fused backward is
-    3-10x slower) and in fp32 up to 64 keys (1.2-1.3x; from about 100 keys on, the fused kernel is 10-15% faster).
-    """
-    if q.device.type == "cpu" and q.requires_grad and not torch.compiler.is_compiling() and (
-            p_drop > 0.0 or q.dtype != torch.float32 or k.size(-2) <= 64):
-        if causal:
-            n = q.size(-2)
-            before = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
-            mask = before if mask is None else mask & before
-        return plain_attention(q, k, v, mask, p_drop)
+    """Scaled dot-product attention over (B, H, T, Dh) tensors, dropout p_drop on its weights; `mask` (B, 1, 1, S)
+    is True where a key may be attended to, `causal` hides later positions."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=causal)
 
 
-def plain_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float = 0.0) -> Tensor:
-    """Attention in plain matmuls (with dropout p_drop on the weights): for the few queries of one decoding
-    step, where they beat the fused kernel, and for CPU training where `attention` says so."""
-    scores = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5  # (B, H, Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -torch.inf)
-    return dropout(scores.softmax(dim=-1), p_drop, p_drop > 0) @ v
+def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float) -> Tensor:
+    """The label-smoothed cross-entropy of the output layer's logits, summed over the non-padding targets:
+    hidden (N, D), weight (V, D), target (N,)."""
+    logits = F.linear(hidden, weight).float()  # (N, V)
+    return F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=smoothing, reduction="sum")
 
 
 def sinusoids(length: int, d_model: int) -> Tensor:
@@ -67,13 +53,16 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.dropout = cfg.attn_dropout
-        self.qkv = Linear(cfg.d_model, 3 * cfg.d_model)  # fused: one matmul for queries, keys and values
-        self.out = Linear(cfg.d_model, cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused: one matmul for queries, keys and values
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        # The attention kernels of whole sequences and of one decoding step, attributes so that mt.fast can
+        # swap in faster ones; both compute `attention`.
+        self.attend = self.attend_step = attention
 
     def forward(self, x: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         q, k, v = self.qkv(x).split(x.size(-1), dim=-1)
-        y = attention(split_heads(q, self.n_heads), split_heads(k, self.n_heads), split_heads(v, self.n_heads),
-                      mask, self.dropout if self.training else 0.0, causal)
+        y = self.attend(split_heads(q, self.n_heads), split_heads(k, self.n_heads), split_heads(v, self.n_heads),
+                        mask, self.dropout if self.training else 0.0, causal)
         return self.out(merge_heads(y))
 
     def step(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, t: int) -> Tensor:
@@ -88,7 +77,7 @@ class SelfAttention(nn.Module):
         v_cache[t] = v
         keys = k_cache[:t + 1].permute(1, 2, 0, 3)  # (B, H, t+1, Dh), a strided view
         values = v_cache[:t + 1].permute(1, 2, 0, 3)
-        y = plain_attention(q[:, :, None], keys, values, None)  # (B, H, 1, Dh)
+        y = self.attend_step(q[:, :, None], keys, values, None, 0.0, causal=False)  # (B, H, 1, Dh)
         return self.out(merge_heads(y))
 
 
@@ -97,9 +86,10 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.dropout = cfg.attn_dropout
-        self.q = Linear(cfg.d_model, cfg.d_model)
-        self.kv = Linear(cfg.d_model, 2 * cfg.d_model)
-        self.out = Linear(cfg.d_model, cfg.d_model)
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        self.attend = self.attend_step = attention  # as in SelfAttention
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output, (B, H, S, Dh) each (strided views of one projection)."""
@@ -108,21 +98,22 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
         q = split_heads(self.q(x), self.n_heads)
-        y = attention(q, k, v, src_mask, self.dropout if self.training else 0.0, causal=False)
+        y = self.attend(q, k, v, src_mask, self.dropout if self.training else 0.0, causal=False)
         return self.out(merge_heads(y))
 
     def step(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
         """Decoding: x (n, k, D) holds the current position of a sentence's k beams, as k queries."""
-        return self.out(merge_heads(plain_attention(split_heads(self.q(x), self.n_heads), k, v, src_mask)))
+        y = self.attend_step(split_heads(self.q(x), self.n_heads), k, v, src_mask, 0.0, causal=False)
+        return self.out(merge_heads(y))
 
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.up = Linear(cfg.d_model, cfg.d_ff)
-        self.down = Linear(cfg.d_ff, cfg.d_model)
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model)
         self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
-        self.dropout = Dropout(cfg.act_dropout)
+        self.dropout = nn.Dropout(cfg.act_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.dropout(self.act(self.up(x))))
@@ -135,7 +126,7 @@ class Residual(nn.Module):
         super().__init__()
         self.pre = cfg.norm == "pre"
         self.norm = nn.LayerNorm(cfg.d_model)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def normed_input(self, x: Tensor) -> Tensor:
         return self.norm(x) if self.pre else x
@@ -251,15 +242,16 @@ class Transformer(nn.Module):
         self.src_embed = self.tgt_embed if cfg.share_embeddings else nn.Embedding(
             cfg.src_vocab_size, cfg.d_model, padding_idx=PAD)
         self.register_buffer("positions", sinusoids(cfg.max_len, cfg.d_model), persistent=False)
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
         # Pre-norm stacks end un-normalised; post-norm ones already end in a LayerNorm.
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
+        self.output_loss = output_loss  # an attribute, so that mt.fast can swap in a fused kernel
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -304,13 +296,13 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, target: Tensor | None = None, smoothing: float = 0.0) -> Tensor:
         """The logits (B, T, V) of teacher-forced decoding; given `target` (B, T), the label-smoothed
-        cross-entropy summed over its non-padding tokens instead, which on CPU never holds all the logits at
-        once (see mt/loss.py). Training calls this, so that DDP and torch.compile wrappers see the whole step."""
+        cross-entropy summed over its non-padding tokens instead (`output_loss`). Training calls this, so that
+        DDP and torch.compile wrappers see the whole step."""
         memory, src_mask = self.encode(src)
         if target is None:
             return self.decode(tgt, memory, src_mask)
         h = self.decoder_states(tgt, memory, src_mask)
-        return output_loss(h.reshape(-1, h.size(-1)), self.output.weight, target.reshape(-1), smoothing, PAD)
+        return self.output_loss(h.reshape(-1, h.size(-1)), self.output.weight, target.reshape(-1), smoothing)
 
     def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None,
                     beam: int = 1) -> DecoderCache:

@@ -1,54 +1,86 @@
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import mt.linear
-from mt.fast import for_inference
-from mt.linear import OneDnnLinear, use_onednn
+from mt.fast import for_inference, for_training
+from mt.linear import Linear, OneDnnLinear, onednn_available, use_onednn
 from mt.search import beam_search
 from mt.tokenizer import BOS
 
 from .conftest import tiny_model
 
-onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available()
-                            or not hasattr(torch.ops.mkldnn, "_linear_pointwise"),
-                            reason="this PyTorch build has no oneDNN linear")
+onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
+
+
+def force_cpu_matmul(monkeypatch, choice: str) -> None:
+    """Every fp32 CPU matmul of mt's fast linears through `choice` ("onednn" or "mkl", as MT_CPU_MATMUL says) for
+    this test, whatever this machine's rule picks."""
+    if choice == "onednn" and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN linear")
+    monkeypatch.setenv("MT_CPU_MATMUL", choice)
+    monkeypatch.setattr(mt.linear, "use_onednn", functools.cache(use_onednn.__wrapped__))  # a cache of its own
+    assert mt.linear.use_onednn() == (choice == "onednn")
+
+
+def forward_and_grads(fn, x, w, b, grad):
+    """fn(x, w, b) and the gradients of x, w (and b) for the output gradient `grad`."""
+    leaves = [p.detach().clone().requires_grad_() for p in (x, w, b) if p is not None]
+    out = fn(*leaves) if b is not None else fn(*leaves, None)
+    out.backward(grad)
+    return [out] + [p.grad for p in leaves]
 
 
 @onednn
 @pytest.mark.parametrize("bias", [True, False])
 def test_onednn_linear_computes_what_f_linear_computes_forward_and_backward(bias):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 9, 48, generator=g).requires_grad_()
-    w = torch.randn(80, 48, generator=g).requires_grad_()
-    b = torch.randn(80, generator=g).requires_grad_() if bias else None
+    x, w = torch.randn(3, 9, 48, generator=g), torch.randn(80, 48, generator=g)
+    b = torch.randn(80, generator=g) if bias else None
     grad = torch.randn(3, 9, 80, generator=g)
+    for ours, theirs in zip(forward_and_grads(OneDnnLinear.apply, x, w, b, grad),
+                            forward_and_grads(F.linear, x, w, b, grad), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)  # fp32: the same sums in another order
 
-    def grads(fn):
-        for p in (x, w, b):
-            if p is not None:
-                p.grad = None
-        out = fn(x, w, b)
+
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_the_fast_linear_layer_computes_what_nn_linear_computes(monkeypatch, kernel):
+    force_cpu_matmul(monkeypatch, kernel)
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80)
+    fast = Linear(48, 80)
+    fast.load_state_dict(plain.state_dict())
+    x, grad = torch.randn(2, 7, 48), torch.randn(2, 7, 80)
+    results = []
+    for layer in (fast, plain):
+        leaf = x.clone().requires_grad_()
+        out = layer(leaf)
         out.backward(grad)
-        return [out] + [p.grad for p in (x, w, b) if p is not None]
+        results.append((out, leaf.grad, layer.weight.grad, layer.bias.grad))
+    for ours, theirs in zip(*results, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)  # fp32: the same sums in another order
+    # Outside its conditions (here bf16 autocast) it is the plain kernel: the very same numbers.
+    with torch.autocast("cpu", torch.bfloat16):
+        assert torch.equal(fast(x), plain(x))
 
-    for ours, theirs in zip(grads(OneDnnLinear.apply), grads(F.linear), strict=True):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
 
-
-@onednn
-def test_the_model_learns_and_translates_the_same_on_either_cpu_kernel(monkeypatch):
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_the_model_learns_and_translates_the_same_on_either_cpu_kernel(monkeypatch, kernel):
     src = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(2))
     tgt[:, 0] = BOS
     results = []
-    for kernel in (True, False):
-        monkeypatch.setattr(mt.linear, "use_onednn", lambda kernel=kernel: kernel)
-        model = tiny_model()
+    for choice in (kernel, None):  # None: the plain model, nn.Linear throughout
+        if choice:
+            force_cpu_matmul(monkeypatch, choice)
+        model = for_training(tiny_model()) if choice else tiny_model()
         loss = F.cross_entropy(model(src, tgt).flatten(0, 1), tgt.roll(-1, 1).flatten())
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters()]
-        hyps = beam_search(for_inference(model, "fp32"), src, beam=3)
+        hyps = beam_search(for_inference(model, "fp32") if choice else model, src, beam=3)
         results.append((loss.detach(), grads, [[h.tokens for h in n] for n in hyps]))
     (loss_a, grads_a, hyps_a), (loss_b, grads_b, hyps_b) = results
     torch.testing.assert_close(loss_a, loss_b)

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mt.config import ModelConfig
 from mt.model import Transformer, count_parameters
@@ -115,3 +116,49 @@ def test_cache_follows_its_rows_when_beams_are_reordered(rows):
         sentence = torch.arange(2).repeat_interleave(k)
         full = model.decode(followed, memory[sentence], src_mask[sentence])
     torch.testing.assert_close(torch.stack(steps, 1), full[:, half:], rtol=1e-5, atol=1e-5)
+
+
+# The checkpoint format: every parameter's name and shape, for a one-layer model (d_model 8, d_ff 16, vocabularies
+# 10 and 12). Checkpoints written by every version of mt load only while this stays as it is.
+CHECKPOINT_FORMAT = {
+    "tgt_embed.weight": (12, 8), "src_embed.weight": (10, 8),
+    "encoder.0.self_attn.qkv.weight": (24, 8), "encoder.0.self_attn.qkv.bias": (24,),
+    "encoder.0.self_attn.out.weight": (8, 8), "encoder.0.self_attn.out.bias": (8,),
+    "encoder.0.ffn.up.weight": (16, 8), "encoder.0.ffn.up.bias": (16,),
+    "encoder.0.ffn.down.weight": (8, 16), "encoder.0.ffn.down.bias": (8,),
+    "encoder.0.res_attn.norm.weight": (8,), "encoder.0.res_attn.norm.bias": (8,),
+    "encoder.0.res_ffn.norm.weight": (8,), "encoder.0.res_ffn.norm.bias": (8,),
+    "decoder.0.self_attn.qkv.weight": (24, 8), "decoder.0.self_attn.qkv.bias": (24,),
+    "decoder.0.self_attn.out.weight": (8, 8), "decoder.0.self_attn.out.bias": (8,),
+    "decoder.0.cross_attn.q.weight": (8, 8), "decoder.0.cross_attn.q.bias": (8,),
+    "decoder.0.cross_attn.kv.weight": (16, 8), "decoder.0.cross_attn.kv.bias": (16,),
+    "decoder.0.cross_attn.out.weight": (8, 8), "decoder.0.cross_attn.out.bias": (8,),
+    "decoder.0.ffn.up.weight": (16, 8), "decoder.0.ffn.up.bias": (16,),
+    "decoder.0.ffn.down.weight": (8, 16), "decoder.0.ffn.down.bias": (8,),
+    "decoder.0.res_self.norm.weight": (8,), "decoder.0.res_self.norm.bias": (8,),
+    "decoder.0.res_cross.norm.weight": (8,), "decoder.0.res_cross.norm.bias": (8,),
+    "decoder.0.res_ffn.norm.weight": (8,), "decoder.0.res_ffn.norm.bias": (8,),
+    "enc_norm.weight": (8,), "enc_norm.bias": (8,), "dec_norm.weight": (8,), "dec_norm.bias": (8,),  # pre-norm only
+    "output.weight": (12, 8),
+}
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_parameter_names_and_shapes_are_the_checkpoint_format(norm):
+    cfg = ModelConfig(d_model=8, n_heads=2, n_enc_layers=1, n_dec_layers=1, d_ff=16, max_len=16, src_vocab_size=10,
+                      tgt_vocab_size=12, norm=norm, share_embeddings=False, tie_output=False)
+    shapes = {name: tuple(value.shape) for name, value in Transformer(cfg).state_dict().items()}
+    expected = {name: shape for name, shape in CHECKPOINT_FORMAT.items() if norm == "pre" or "_norm." not in name}
+    assert shapes == expected
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_training_loss_is_label_smoothed_cross_entropy_summed_over_real_target_tokens(smoothing):
+    model = tiny_model()
+    src, tgt = random_batch(t=7)
+    tgt[1, 4:] = PAD
+    tgt_in, target = tgt[:, :-1], tgt[:, 1:]
+    loss = model(src, tgt_in, target, smoothing)
+    logits = model(src, tgt_in)
+    per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), label_smoothing=smoothing, reduction="none")
+    torch.testing.assert_close(loss, per_token[target.flatten() != PAD].sum())
