@@ -12,8 +12,18 @@ import mt.translate
 from mt import checkpoint
 from mt.cli import app
 from mt.errors import MtError
-from mt.translate import PROMPT, Attention, Options, Request, interactive, run, translate_ids, translate_lines
-from mt.translate import translate_stream, translations
+from mt.translate import (
+    PROMPT,
+    Attention,
+    Options,
+    Request,
+    interactive,
+    run,
+    translate_ids,
+    translate_lines,
+    translate_stream,
+    translations,
+)
 
 from .conftest import tiny_model
 from .test_checkpoint import state_for
