@@ -132,8 +132,10 @@ def translate(
     from mt.translate import Request, run
 
     try:
-        run(Request(checkpoint, input, output, beam, len_penalty, nbest, batch_tokens, precision, device, threads,
-                    encoding_errors, attention, alignments, layer, head))
+        run(Request(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
+                    batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
+                    encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
+                    head=head))
     except MtError as e:
         fail(str(e), e.exit_code)
 
