@@ -9,20 +9,14 @@ and its fused attention kernel stay as they are.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import Tensor
 
-from mt.checkpoint import Loaded
-from mt.data import batch_by_tokens, pad
+from mt.data import batch_by_tokens, pad, shift_targets
 from mt.model import Transformer, split_heads
-from mt.plot import save_figure
-from mt.tokenizer import BOS, EOS, PAD
-from mt.translate import CHUNK_LINES, Options, translate_lines
+from mt.tokenizer import EOS, PAD
 
 
 @torch.inference_mode()
@@ -61,8 +55,8 @@ def pair_attention(model: Transformer, srcs: list[list[int]], tgts: list[list[in
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(srcs, tgts, strict=True)]
     for idx in batch_by_tokens(lengths, batch_tokens):
         src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        tgt = pad([tgts[i] for i in idx], [BOS], []).to(device)
-        weights = cross_attention(model, src, tgt).cpu()
+        tgt_in, _ = shift_targets([tgts[i] for i in idx])  # the decoder reads BOS + pieces
+        weights = cross_attention(model, src, tgt_in.to(device)).cpu()
         for row, i in enumerate(idx):
             out[i] = weights[row, :, :, :len(tgts[i]) + 1, :len(srcs[i]) + 1]
     return out
@@ -98,6 +92,12 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
 def heatmap(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path: Path, layer: int | None = None,
             head: int | None = None) -> Path:
     """Draw the (T, S) attention map chosen by `layer`/`head` as a PNG: target pieces down, source across."""
+    # Drawing needs matplotlib: imported here, so that translating without heatmaps starts without it.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from mt.plot import save_figure
+
     attn = select(weights, layer, head).float().numpy()
     if attn.shape != (len(tgt_pieces), len(src_pieces)):
         raise ValueError(f"weights are {attn.shape} (target, source) but there are {len(tgt_pieces)} target "
@@ -123,49 +123,6 @@ def heatmap(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str], path:
 
 def label(piece: str) -> str:
     return piece.replace("$", r"\$")  # a piece with two dollar signs would otherwise be read as TeX math
-
-
-def translate_with_attention(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device,
-                             heatmap_dir: Path | None = None, layer: int | None = None,
-                             head: int | None = None) -> Iterator[tuple[str, str]]:
-    """(translation, Pharaoh alignment line) per input line, in order; with `heatmap_dir`, also one PNG per
-    non-blank line, named by its 1-based line number (000001.png). Blank lines give ("", "") and no image.
-
-    The best hypothesis is searched as usual, then decoded once more, teacher-forced, to read the attention.
-    """
-    if heatmap_dir is not None:
-        heatmap_dir.mkdir(parents=True, exist_ok=True)
-    chunk: list[str] = []
-    offset = 0
-    for line in lines:
-        chunk.append(line.rstrip("\r\n"))
-        if len(chunk) == CHUNK_LINES:
-            yield from _attend_chunk(loaded, chunk, offset, opts, device, heatmap_dir, layer, head)
-            offset += len(chunk)
-            chunk = []
-    if chunk:
-        yield from _attend_chunk(loaded, chunk, offset, opts, device, heatmap_dir, layer, head)
-
-
-def _attend_chunk(loaded: Loaded, chunk: list[str], offset: int, opts: Options, device: torch.device,
-                  heatmap_dir: Path | None, layer: int | None, head: int | None) -> Iterator[tuple[str, str]]:
-    results = translate_lines(loaded, chunk, opts, device)
-    todo = [i for i, hyps in enumerate(results) if hyps]
-    limit = loaded.model.cfg.max_len - 1  # translate_lines cuts sources to this; the attention must match
-    srcs = [s[:limit] for s in loaded.src_tok.encode([chunk[i].strip() for i in todo])]
-    tgts = [results[i][0].tokens for i in todo]
-    weights = dict(zip(todo, pair_attention(loaded.model, srcs, tgts, opts.batch_tokens), strict=True))
-    pieces = dict(zip(todo, zip(srcs, tgts, strict=True), strict=True))
-    texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in results])
-    for i, text in enumerate(texts):
-        if i not in weights:
-            yield "", ""
-            continue
-        if heatmap_dir is not None:
-            src, tgt = pieces[i]
-            heatmap(weights[i], to_pieces(loaded.src_tok.sp, src), to_pieces(loaded.tgt_tok.sp, tgt),
-                    heatmap_dir / f"{offset + i + 1:06d}.png", layer, head)
-        yield text, pharaoh(alignments(weights[i], layer, head))
 
 
 def to_pieces(sp, ids: list[int]) -> list[str]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -131,67 +129,15 @@ def translate(
     With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
     Ctrl-D to quit.
     """
-    import torch
+    from mt.translate import Request, run
 
-    from mt.checkpoint import load_model
-    from mt.device import pick_device
-    from mt.fast import PRECISIONS, for_inference
-    from mt.lines import write_lines
-    from mt.translate import Options, translate_stream
-
-    if precision not in PRECISIONS:
-        fail(f"--precision {precision}: must be one of {', '.join(PRECISIONS)}")
-    if threads:
-        torch.set_num_threads(threads)
     try:
-        dev = pick_device(device)
-        loaded = load_model(checkpoint, dev)
+        run(Request(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
+                    batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
+                    encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
+                    head=head))
     except MtError as e:
-        fail(str(e))
-    if precision == "int8" and dev.type != "cpu":
-        fail("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
-    loaded.model = for_inference(loaded.model, precision)
-    opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
-                               batch_tokens=batch_tokens, precision=precision)
-    if opts.nbest > opts.beam:
-        opts.beam = opts.nbest
-    if input is not None and not input.is_file():
-        fail(f"{input}: input file not found")
-    inspect = attention is not None or alignments is not None
-    if inspect:
-        check_attention_options(opts.nbest, layer, head, loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads)
-    source = open(input, encoding="utf-8-sig", errors=encoding_errors, newline="\n") if input else \
-        io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors=encoding_errors, newline="\n")
-    try:
-        if input is None and output is None and not inspect and sys.stdin.isatty():
-            from mt.interactive import interactive
-
-            interactive(loaded, opts, dev, source, sys.stdout, sys.stderr)
-            return
-        aligned: list[str] = []
-        if inspect:
-            from mt.attention import translate_with_attention
-
-            def texts():
-                for text, pairs in translate_with_attention(loaded, source, opts, dev, attention, layer, head):
-                    aligned.append(pairs)
-                    yield text
-
-            results = texts()
-        else:
-            results = translate_stream(loaded, source, opts, dev)
-        if output is None:
-            for line in results:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
-        else:
-            write_lines(output, results)
-        if alignments is not None:
-            write_lines(alignments, aligned)
-    except UnicodeDecodeError as e:
-        fail(f"{input or 'stdin'}: not valid UTF-8 ({e.reason}); fix the input or pass --encoding-errors replace")
-    finally:
-        source.close()
+        fail(str(e), e.exit_code)
 
 
 @app.command()
@@ -309,27 +255,10 @@ def report(
     typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
 
 
-def check_attention_options(nbest: int, layer: int | None, head: int | None, n_layers: int, n_heads: int) -> None:
-    if nbest > 1:
-        fail("--attention and --alignments show the best translation only; drop --nbest")
-    if head is not None and layer is None:
-        fail("--head picks a head within a layer: give --layer too")
-    if layer is not None and not 0 <= layer < n_layers:
-        fail(f"--layer {layer}: the model has decoder layers 0 to {n_layers - 1}")
-    if head is not None and not 0 <= head < n_heads:
-        fail(f"--head {head}: the model has heads 0 to {n_heads - 1}")
-
-
 def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
-    from mt.checkpoint import load_model
-    from mt.device import pick_device
-    from mt.lines import read_text
-    from mt.translate import Options, translate_stream
+    from mt.translate import translate_file as run
 
-    dev = pick_device(device)
-    loaded = load_model(checkpoint, dev)
-    opts = Options.from_config(loaded.config.decode, beam=beam)
-    return list(translate_stream(loaded, read_text(src), opts, dev))
+    return run(checkpoint, src, beam, device)
 
 
 @app.command()

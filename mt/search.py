@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mt.model import DecoderCache
 from mt.tokenizer import BOS, EOS, PAD
 
 
@@ -74,76 +75,116 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
     """
     if nbest > beam:
         raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
-    device = src.device
-    n, k = src.size(0), beam
     memory, src_mask = model.encode(src)
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
     steps = int(limit.max())
-    cache = model.start_cache(memory, src_mask, steps, beam=k)  # each sentence's k beams side by side
-
-    active = torch.arange(n, device=device)  # original sentence of each running sentence
-    scores = torch.full((n, k), -torch.inf, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
-    prefixes = torch.zeros((n * k, 0), dtype=torch.long, device=device)
-    last = torch.full((n * k,), BOS, dtype=torch.long, device=device)
-    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    kth_best = torch.full((n,), -torch.inf, device=device)  # score of each sentence's nbest-th finished hypothesis
-
+    beams = Beams.start(model.start_cache(memory, src_mask, steps, beam=beam), src.size(0), beam, src.device)
+    finished = Finished.start(src.size(0), nbest, src.device)
     for step in range(steps):
-        logits, cache = model.decode_step(last, cache)
-        logp = next_token_logprobs(logits, step < min_len, (limit[active] <= step + 1).repeat_interleave(k))
-        vocab = logp.size(1)
-        # A sentence's 2k best continuations (2k: at least k of them do not end in EOS) are among its beams'
-        # 2k best tokens each, so the top-k runs over (n*k, V) once and then over (n, k*2k), never over k*V.
-        width = min(2 * k, vocab)
-        row_lp, row_tok = top_tokens(logp, width)  # (n*k, width)
-        cand = (scores.view(-1, 1) + row_lp).view(-1, k * width)  # (n, k*width)
-        top_scores, top_idx = cand.topk(min(2 * k, cand.size(1)), dim=1)
-        top_beam, top_tok = top_idx // width, row_tok.view(-1, k * width).gather(1, top_idx)
+        logits, beams.cache = model.decode_step(beams.last, beams.cache)
+        at_limit = (limit[beams.active] <= step + 1).repeat_interleave(beam)
+        logp = next_token_logprobs(logits, step < min_len, at_limit)
+        top_scores, top_beam, top_tok = candidates(beams.scores, logp)
+        penalty = length_penalty(step + 1, len_penalty)
+        finished.add(beams, top_scores, top_beam, top_tok, penalty)
+        if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):
+            break
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished.hyps]
 
-        # Finish the hypotheses that end in EOS among the k best candidates (a few per step: a short loop).
-        ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
-        if ends.any():
-            penalty = length_penalty(step + 1, len_penalty)
-            for s, j in ends.nonzero().tolist():
-                i = int(active[s])
-                logprob = float(top_scores[s, j])
-                finished[i].append(Hypothesis(prefixes[s * k + int(top_beam[s, j])].tolist(), logprob / penalty,
-                                              logprob))
-                if len(finished[i]) >= nbest:
-                    finished[i] = sorted(finished[i], key=lambda h: h.score, reverse=True)[:nbest]
-                    kth_best[i] = finished[i][-1].score
 
-        # The k best continuations that do not end in EOS stay live, each parent's first child in its parent's
-        # slot, so that the cache copies only the rows of the other children (into the slots of dead beams).
+@dataclass
+class Beams:
+    """The k live beams of each running sentence, side by side: row s*k + j of (n*k, ...) is sentence s's beam j."""
+
+    cache: DecoderCache  # the decoder's state, rows as above
+    active: Tensor  # (n,) the original sentence of each running sentence
+    scores: Tensor  # (n, k) total log-probability of each beam
+    prefixes: Tensor  # (n*k, steps so far) the tokens each beam has emitted
+    last: Tensor  # (n*k,) each beam's last token: the next step's input
+
+    @classmethod
+    def start(cls, cache: DecoderCache, n: int, k: int, device: torch.device) -> Beams:
+        scores = torch.full((n, k), -torch.inf, device=device)
+        scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
+        return cls(cache, torch.arange(n, device=device), scores,
+                   torch.zeros((n * k, 0), dtype=torch.long, device=device),
+                   torch.full((n * k,), BOS, dtype=torch.long, device=device))
+
+    def advance(self, top_scores: Tensor, top_beam: Tensor, top_tok: Tensor, kth_best: Tensor,
+                penalty: float) -> bool:
+        """Keep the k best continuations that do not end in EOS and drop the sentences that are done; False
+        when none is left. Each parent's first child takes its parent's slot, so that the cache copies only
+        the rows of the other children (into the slots of dead beams)."""
+        k = self.scores.size(1)
         live = top_scores.masked_fill(top_tok == EOS, -torch.inf)
         ranked, pick = live.topk(k, dim=1)  # (n, k), best first
         at = pick.gather(1, slot_order(top_beam.gather(1, pick)))  # the candidate each slot gets
         best, scores = ranked[:, 0], live.gather(1, at)
         beam_of, tok = top_beam.gather(1, at), top_tok.gather(1, at)
-        parent = (torch.arange(active.numel(), device=device)[:, None] * k + beam_of).view(-1)
-
+        parent = (torch.arange(self.active.numel(), device=scores.device)[:, None] * k + beam_of).view(-1)
         # A sentence is done when no live beam can beat the nbest-th finished one (-inf >= -inf: none can).
-        keep = kth_best[active] < best / length_penalty(step + 1, len_penalty)
+        keep = kth_best[self.active] < best / penalty
         sentences = None  # the encoder side changes only when sentences finish
+        active = self.active
         if not keep.all():
             if not keep.any():
-                break
+                return False
             sentences = keep.nonzero().squeeze(1)
             parent = parent.view(-1, k)[keep].view(-1)
             scores, tok, active = scores[keep], tok[keep], active[keep]
-        prefixes = torch.cat([prefixes.index_select(0, parent), tok.view(-1, 1)], dim=1)
-        last = tok.view(-1)
-        cache = cache.select(parent, sentences)
+        self.prefixes = torch.cat([self.prefixes.index_select(0, parent), tok.view(-1, 1)], dim=1)
+        self.active, self.scores, self.last = active, scores, tok.view(-1)
+        self.cache = self.cache.select(parent, sentences)
+        return True
 
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished]
+
+@dataclass
+class Finished:
+    """The finished hypotheses of every sentence, and the score a live beam must beat to matter."""
+
+    hyps: list[list[Hypothesis]]  # per original sentence; at most `nbest` once that many are found
+    kth_best: Tensor  # (N,) score of each sentence's nbest-th finished hypothesis, -inf until there are nbest
+    nbest: int
+
+    @classmethod
+    def start(cls, n: int, nbest: int, device: torch.device) -> Finished:
+        return cls([[] for _ in range(n)], torch.full((n,), -torch.inf, device=device), nbest)
+
+    def add(self, beams: Beams, top_scores: Tensor, top_beam: Tensor, top_tok: Tensor, penalty: float) -> None:
+        """Finish the hypotheses that end in EOS among each sentence's k best candidates (a few per step)."""
+        k = beams.scores.size(1)
+        ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
+        if not ends.any():
+            return
+        for s, j in ends.nonzero().tolist():
+            i = int(beams.active[s])
+            logprob = float(top_scores[s, j])
+            tokens = beams.prefixes[s * k + int(top_beam[s, j])].tolist()
+            self.hyps[i].append(Hypothesis(tokens, logprob / penalty, logprob))
+            if len(self.hyps[i]) >= self.nbest:
+                self.hyps[i] = sorted(self.hyps[i], key=lambda h: h.score, reverse=True)[:self.nbest]
+                self.kth_best[i] = self.hyps[i][-1].score
+
+
+def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sentence's 2k best continuations of its k beams (2k: at least k of them do not end in EOS), best
+    first: their scores (n, 2k), the beam each continues and the token it adds.
+
+    They are among the beams' 2k best tokens each, so the top-k runs over (n*k, V) once and then over
+    (n, k*2k), never over k*V.
+    """
+    k = scores.size(1)
+    width = min(2 * k, logp.size(1))
+    row_lp, row_tok = top_tokens(logp, width)  # (n*k, width)
+    cand = (scores.view(-1, 1) + row_lp).view(-1, k * width)  # (n, k*width)
+    top_scores, top_idx = cand.topk(min(2 * k, cand.size(1)), dim=1)
+    return top_scores, top_idx // width, row_tok.view(-1, k * width).gather(1, top_idx)
 
 
 def top_tokens(logp: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
     """`logp.topk(k, dim=1)` in two short passes: the k best of a row lie in the k chunks (of `chunk` tokens)
     with the highest maxima, since any other chunk has k elements above its maximum. The chunk maxima are one
-    vectorised reduction; torch.topk over a whole 8k vocabulary is not (machine B: 0.45 against 0.75 ms for
-    256 rows)."""
+    vectorised reduction; torch.topk over a whole vocabulary is not."""
     rows, vocab = logp.shape
     whole = vocab // chunk * chunk
     if whole < 4 * k * chunk:
@@ -170,8 +211,7 @@ def slot_order(parents: Tensor) -> Tensor:
 
 def next_token_logprobs(logits: Tensor, bar_eos: bool, at_limit: Tensor) -> Tensor:
     """Log-probabilities (B, V) of the next token. With `bar_eos`, EOS cannot be chosen; rows `at_limit` may
-    only end (EOS gets log-probability 0, all else -inf). (torch.logsumexp, to normalise only the few tokens a
-    search keeps, measured 2x slower than log_softmax over all of them.)"""
+    only end (EOS gets log-probability 0, all else -inf)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     if bar_eos:
         logp[:, EOS] = -torch.inf

@@ -1,30 +1,44 @@
-"""Text in, text out: encode, sort by length, batch by a token budget, search, detokenize, restore input order.
+"""Text in, text out, one way down: lines → source pieces → length-sorted batches → search → text, in input order.
 
-Exactly one output line per input line: an empty or blank input line gives an empty output line, a line
-longer than the model allows is cut (with a warning on stderr), and control characters pass to SentencePiece,
-which maps what it does not know to <unk>.
+`mt translate` calls `run`; the other commands call the functions below it (`translate_stream` for evaluate and
+report, `translate_lines` for tune and bench, `translate_ids` for training's validation). Input is read and
+translated `CHUNK_LINES` lines at a time, so memory stays bounded on endless input. Exactly one output line per
+input line: an empty or blank input line gives an empty output line, a line longer than the model allows is cut
+(with a warning on stderr), and control characters pass to SentencePiece, which maps what it does not know to
+<unk>. The attention option of the same stream decodes each chunk's best translations once more,
+teacher-forced, for alignments and heatmaps (see mt/attention.py).
 """
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TextIO
 
 import torch
 
-from mt.checkpoint import Loaded
+from mt.attention import alignments, heatmap, pair_attention, pharaoh, to_pieces
+from mt.checkpoint import Loaded, load_model
 from mt.config import DecodeConfig
 from mt.data import batch_by_tokens, pad
+from mt.device import autocast as device_autocast
+from mt.device import pick_device
+from mt.errors import MtError
+from mt.fast import PRECISIONS, for_inference
+from mt.lines import read_text, write_lines
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
 CHUNK_LINES = 10_000  # lines read ahead and sorted together; bounds memory on endless input
+PROMPT = "> "  # interactive mode's, on stderr, so that stdout holds translations only
 
 
 def autocast(precision: str, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+    """bf16 runs the search under autocast; fp32 and int8 (a model from `for_inference`) run as they are."""
+    return device_autocast(torch.bfloat16 if precision == "bf16" else None, device)
 
 
 @dataclass
@@ -40,12 +54,241 @@ class Options:
     precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
 
     @classmethod
-    def from_config(cls, d: DecodeConfig, **changes) -> Options:
-        opts = cls(d.beam, d.len_penalty, d.max_len_a, d.max_len_b, d.batch_tokens)
+    def from_config(cls, decode_cfg: DecodeConfig, **changes) -> Options:
+        opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
+                   decode_cfg.batch_tokens)
         for key, value in changes.items():
             if value is not None:
                 setattr(opts, key, value)
         return opts
+
+
+@dataclass
+class Attention:
+    """The stream's attention option: an alignment line per input line and, with `heatmap_dir`, a heatmap per
+    translated line (DIR/000001.png for line 1), of one decoder `layer` (and `head`) or the mean of all."""
+
+    heatmap_dir: Path | None = None
+    layer: int | None = None
+    head: int | None = None
+
+
+@dataclass
+class Translated:
+    """One input line's result: its output lines (one, or `nbest` as `i ||| text ||| score`) and, with the
+    attention option, its alignment line (Pharaoh format; empty for a blank line)."""
+
+    lines: list[str]
+    alignment: str = ""
+
+
+@dataclass
+class Request:
+    """What `mt translate` is asked to do: one field per option of the command."""
+
+    checkpoint: Path
+    input: Path | None = None  # None: stdin, interactive when it is a terminal and nothing else is asked
+    output: Path | None = None  # None: stdout, a line at a time
+    beam: int | None = None  # None: the checkpoint's decode config, as for len_penalty and batch_tokens
+    len_penalty: float | None = None
+    nbest: int = 1
+    batch_tokens: int | None = None
+    precision: str = "fp32"  # one of mt.fast.PRECISIONS
+    device: str = "auto"
+    threads: int = 0  # 0: PyTorch's choice
+    encoding_errors: str = "strict"  # or replace: what to do with bytes that are not UTF-8
+    attention: Path | None = None  # a directory for heatmaps
+    alignments: Path | None = None  # a file for the alignment lines
+    layer: int | None = None  # of the attention: None is the mean of all decoder layers
+    head: int | None = None  # within `layer`: None is the mean of its heads
+
+
+def run(request: Request) -> None:
+    """`mt translate`: the input's translations to stdout or the output file, the alignments to their file.
+
+    With stdin a terminal and no file or attention asked for, translate interactively: a prompt on stderr,
+    one line at a time, until Ctrl-D or Ctrl-C.
+    """
+    loaded, opts, device = load(request)
+    attention = attention_option(request, loaded, opts.nbest)
+    if request.input is None and request.output is None and attention is None and sys.stdin.isatty():
+        interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors)
+        return
+    lines = read_input(request.input or sys.stdin.buffer, request.encoding_errors)
+    write_output(translations(loaded, lines, opts, device, attention), request.output, request.alignments,
+                 sys.stdout)
+
+
+def load(request: Request) -> tuple[Loaded, Options, torch.device]:
+    """The checkpoint's model, made ready to decode in the precision asked for, and the decode options: the
+    checkpoint's, changed by the request. Raises MtError for what cannot run."""
+    if request.precision not in PRECISIONS:
+        raise MtError(f"--precision {request.precision}: must be one of {', '.join(PRECISIONS)}")
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    device = pick_device(request.device)
+    loaded = load_model(request.checkpoint, device)
+    if request.precision == "int8" and device.type != "cpu":
+        raise MtError("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
+    loaded.model = for_inference(loaded.model, request.precision)
+    opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
+                               nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
+    opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
+    if request.input is not None and not request.input.is_file():
+        raise MtError(f"{request.input}: input file not found")
+    return loaded, opts, device
+
+
+def attention_option(request: Request, loaded: Loaded, nbest: int) -> Attention | None:
+    """The attention option, if --attention or --alignments asks for it, checked against the model."""
+    if request.attention is None and request.alignments is None:
+        return None
+    layer, head = request.layer, request.head
+    n_layers, n_heads = loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads
+    if nbest > 1:
+        raise MtError("--attention and --alignments show the best translation only; drop --nbest")
+    if head is not None and layer is None:
+        raise MtError("--head picks a head within a layer: give --layer too")
+    if layer is not None and not 0 <= layer < n_layers:
+        raise MtError(f"--layer {layer}: the model has decoder layers 0 to {n_layers - 1}")
+    if head is not None and not 0 <= head < n_heads:
+        raise MtError(f"--head {head}: the model has heads 0 to {n_heads - 1}")
+    return Attention(request.attention, layer, head)
+
+
+def interactive(loaded: Loaded, opts: Options, device: torch.device, stdin: BinaryIO, stdout: TextIO,
+                stderr: TextIO, encoding_errors: str = "strict") -> None:
+    """Translate each line as it is typed, until Ctrl-D or Ctrl-C; each line is a stream of its own (so that
+    --nbest numbers every sentence 0), translated before the next prompt."""
+    try:
+        for line in read_input(stdin, encoding_errors, prompt=stderr):
+            write_output(translations(loaded, [line], opts, device), None, None, stdout)
+    except KeyboardInterrupt:  # Ctrl-C quits as quietly as Ctrl-D
+        pass
+    stderr.write("\n")  # leave the shell's prompt on a line of its own
+    stderr.flush()
+
+
+def read_input(source: Path | BinaryIO, encoding_errors: str, prompt: TextIO | None = None) -> Iterator[str]:
+    """The lines of a file or of a stream (stdin), decoded as UTF-8 (a leading BOM dropped) as they are read,
+    each ending at "\\n" only; with `prompt`, PROMPT is written there before each line is read."""
+    binary = open(source, "rb") if isinstance(source, Path) else source
+    text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors=encoding_errors, newline="\n")
+    try:
+        while True:
+            if prompt is not None:
+                prompt.write(PROMPT)
+                prompt.flush()
+            line = text.readline()
+            if not line:  # end of input, or Ctrl-D at a terminal
+                return
+            yield line
+    except UnicodeDecodeError as e:
+        name = source if isinstance(source, Path) else "stdin"
+        raise MtError(f"{name}: not valid UTF-8 ({e.reason}); fix the input or pass --encoding-errors replace") \
+            from None
+    finally:
+        text.detach()  # a stream given stays open
+        if binary is not source:
+            binary.close()
+
+
+def write_output(translated: Iterable[Translated], output: Path | None, alignments: Path | None,
+                 stdout: TextIO) -> None:
+    """Output lines to stdout as they come (flushed, so that a pipe or a terminal sees each at once), or to
+    `output`, renamed into place when complete; then, with `alignments`, the alignment lines to that file."""
+    aligned: list[str] = []
+    lines = output_lines(translated, aligned)
+    if output is None:
+        for line in lines:
+            stdout.write(line + "\n")
+            stdout.flush()
+    else:
+        write_lines(output, lines)
+    if alignments is not None:
+        write_lines(alignments, aligned)
+
+
+def output_lines(translated: Iterable[Translated], aligned: list[str]) -> Iterator[str]:
+    """The output lines of each translation in turn, keeping its alignment line in `aligned`."""
+    for result in translated:
+        aligned.append(result.alignment)
+        yield from result.lines
+
+
+def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
+    """The translation of each line of `src` by `checkpoint`, with its decode config (and `beam`, if given)."""
+    dev = pick_device(device)
+    loaded = load_model(checkpoint, dev)
+    opts = Options.from_config(loaded.config.decode, beam=beam)
+    return list(translate_stream(loaded, read_text(src), opts, dev))
+
+
+def translate_stream(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device) -> Iterator[str]:
+    """Output lines for input lines, chunk by chunk, in order. With nbest > 1: `i ||| text ||| score` lines."""
+    for result in translations(loaded, lines, opts, device):
+        yield from result.lines
+
+
+def translations(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device,
+                 attention: Attention | None = None) -> Iterator[Translated]:
+    """The one stream: each input line's `Translated`, in input order; CHUNK_LINES lines are read, sorted by
+    length and searched together at a time."""
+    if attention is not None and attention.heatmap_dir is not None:
+        attention.heatmap_dir.mkdir(parents=True, exist_ok=True)
+    for offset, chunk in chunks(lines, CHUNK_LINES):
+        srcs = encode_lines(loaded, chunk, offset)
+        results = search_lines(loaded.model, srcs, opts, device)
+        aligned = [""] * len(chunk)
+        if attention is not None:
+            aligned = attend(loaded, srcs, results, offset, attention, opts.batch_tokens)
+        for i, (hyps, alignment) in enumerate(zip(results, aligned, strict=True)):
+            yield Translated(render(loaded, offset + i, hyps, opts.nbest), alignment)
+
+
+def chunks(lines: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    """(index of the first line, up to `size` lines without their line ends), in order."""
+    chunk: list[str] = []
+    offset = 0
+    for line in lines:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) == size:
+            yield offset, chunk
+            offset += len(chunk)
+            chunk = []
+    if chunk:
+        yield offset, chunk
+
+
+def translate_lines(loaded: Loaded, lines: list[str], opts: Options, device: torch.device,
+                    warn: TextIO | None = None) -> list[list[Hypothesis]]:
+    """Hypotheses for each line (an empty list for a blank line)."""
+    return search_lines(loaded.model, encode_lines(loaded, lines, 0, warn), opts, device)
+
+
+def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
+                 warn: TextIO | None = None) -> list[list[int] | None]:
+    """The source pieces of each line (None for a blank line), cut to what the model takes, with a warning
+    on `warn` (stderr) that names the line, counting from `offset` + 1."""
+    limit = loaded.model.cfg.max_len - 1  # room for EOS
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    srcs: list[list[int] | None] = [None] * len(lines)
+    for i, src in zip(todo, loaded.src_tok.encode([lines[i].strip() for i in todo]), strict=True):
+        if len(src) > limit:
+            print(f"warning: input line {offset + i + 1} has {len(src)} pieces; cut to the model's {limit}",
+                  file=warn or sys.stderr)
+        srcs[i] = src[:limit]
+    return srcs
+
+
+def search_lines(model, srcs: list[list[int] | None], opts: Options,
+                 device: torch.device) -> list[list[Hypothesis]]:
+    """`translate_ids` of the sources that are not None, in order; an empty list for each None."""
+    todo = [i for i, src in enumerate(srcs) if src is not None]
+    results: list[list[Hypothesis]] = [[] for _ in srcs]
+    for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device), strict=True):
+        results[i] = hyps
+    return results
 
 
 def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.device) -> list[list[Hypothesis]]:
@@ -65,41 +308,26 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
     return results
 
 
-def translate_lines(loaded: Loaded, lines: list[str], opts: Options, device: torch.device,
-                    warn=sys.stderr) -> list[list[Hypothesis]]:
-    """Hypotheses for each line (an empty list for a blank line)."""
-    limit = loaded.model.cfg.max_len - 1  # room for EOS
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    srcs = loaded.src_tok.encode([lines[i].strip() for i in todo])
-    for i, s in zip(todo, srcs, strict=True):
-        if len(s) > limit:
-            print(f"warning: input line {i + 1} has {len(s)} pieces; cut to the model's {limit}", file=warn)
-    results: list[list[Hypothesis]] = [[] for _ in lines]
-    for i, hyps in zip(todo, translate_ids(loaded.model, [s[:limit] for s in srcs], opts, device), strict=True):
-        results[i] = hyps
-    return results
+def render(loaded: Loaded, index: int, hyps: list[Hypothesis], nbest: int) -> list[str]:
+    """The output lines of input line `index` (0-based): the best text, or the `nbest` as `i ||| text ||| score`."""
+    texts = loaded.tgt_tok.decode([h.tokens for h in hyps]) if hyps else [""]
+    if nbest == 1:
+        return texts[:1]
+    return [f"{index} ||| {text} ||| {h.score:.4f}"
+            for text, h in zip(texts, hyps or [Hypothesis([], 0.0, 0.0)], strict=True)]
 
 
-def translate_stream(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device) -> Iterator[str]:
-    """Output lines for input lines, chunk by chunk, in order. With nbest > 1: `i ||| text ||| score` lines."""
-    chunk: list[str] = []
-    offset = 0
-    for line in lines:
-        chunk.append(line.rstrip("\r\n"))
-        if len(chunk) == CHUNK_LINES:
-            yield from _render(loaded, chunk, offset, translate_lines(loaded, chunk, opts, device), opts.nbest)
-            offset += len(chunk)
-            chunk = []
-    if chunk:
-        yield from _render(loaded, chunk, offset, translate_lines(loaded, chunk, opts, device), opts.nbest)
-
-
-def _render(loaded: Loaded, chunk: list[str], offset: int, results: list[list[Hypothesis]],
-            nbest: int) -> Iterator[str]:
-    for i, hyps in enumerate(results):
-        texts = loaded.tgt_tok.decode([h.tokens for h in hyps]) if hyps else [""]
-        if nbest == 1:
-            yield texts[0]
-        else:
-            for text, h in zip(texts, hyps or [Hypothesis([], 0.0, 0.0)], strict=True):
-                yield f"{offset + i} ||| {text} ||| {h.score:.4f}"
+def attend(loaded: Loaded, srcs: list[list[int] | None], results: list[list[Hypothesis]], offset: int,
+           attention: Attention, batch_tokens: int) -> list[str]:
+    """The alignment line of each line of a chunk ("" for a blank one), from the attention of its best
+    translation, decoded once more teacher-forced; draws each translated line's heatmap when asked."""
+    todo = [i for i, hyps in enumerate(results) if hyps]
+    tgts = [results[i][0].tokens for i in todo]
+    weights = pair_attention(loaded.model, [srcs[i] for i in todo], tgts, batch_tokens)
+    aligned = [""] * len(results)
+    for i, tgt, attn in zip(todo, tgts, weights, strict=True):
+        if attention.heatmap_dir is not None:
+            heatmap(attn, to_pieces(loaded.src_tok.sp, srcs[i]), to_pieces(loaded.tgt_tok.sp, tgt),
+                    attention.heatmap_dir / f"{offset + i + 1:06d}.png", attention.layer, attention.head)
+        aligned[i] = pharaoh(alignments(attn, attention.layer, attention.head))
+    return aligned

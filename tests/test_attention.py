@@ -1,26 +1,20 @@
 import pytest
 import torch
 from matplotlib.image import imread
-from typer.testing import CliRunner
 
-from mt import checkpoint
 from mt.attention import alignments, cross_attention, heatmap, pair_attention, pharaoh, select
-from mt.checkpoint import load_model
-from mt.cli import app
-from mt.data import pad
+from mt.data import pad, shift_targets
 from mt.model import merge_heads
-from mt.tokenizer import BOS, EOS, PAD
-from mt.translate import Options, translate_lines
+from mt.tokenizer import EOS, PAD
 
 from .conftest import tiny_model
-from .test_checkpoint import state_for
 
 SRCS = [[5, 6, 7, 8, 9], [10, 11]]
 TGTS = [[12, 13], [14, 15, 16, 17]]
 
 
 def batch():
-    return pad(SRCS, [], [EOS]), pad(TGTS, [BOS], [])
+    return pad(SRCS, [], [EOS]), shift_targets(TGTS)[0]
 
 
 def test_rows_sum_to_one_over_the_source_and_are_zero_on_padding():
@@ -94,26 +88,3 @@ def test_heatmap_is_a_png_that_grows_with_the_sentence(tmp_path):
     assert a.ndim == 3 and a.shape[0] > 100 and a.shape[1] > 100
     assert b.shape[1] > a.shape[1] and b.shape[0] == a.shape[0]
 
-
-def test_translate_writes_heatmaps_and_alignments(tmp_path, tokenizer):
-    model = tiny_model(vocab=tokenizer.vocab_size)
-    checkpoint.save(state_for(model, tokenizer), tmp_path / "c.pt")
-    (tmp_path / "in.txt").write_text("the cat sat\n\na big dog\n", encoding="utf-8")
-    runner = CliRunner()
-    common = ["translate", "-c", str(tmp_path / "c.pt"), "-i", str(tmp_path / "in.txt"), "--beam", "1"]
-    plain = runner.invoke(app, common)
-    result = runner.invoke(app, [*common, "--attention", str(tmp_path / "att"),
-                                 "--alignments", str(tmp_path / "al.txt")])
-    assert result.exit_code == 0, result.output
-    assert result.stdout == plain.stdout  # stdout keeps one translation per input line
-    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["000001.png", "000003.png"]
-    assert imread(tmp_path / "att" / "000003.png").ndim == 3
-    lines = (tmp_path / "al.txt").read_text(encoding="utf-8").split("\n")[:-1]
-    assert len(lines) == 3 and lines[1] == ""
-    loaded = load_model(tmp_path / "c.pt")
-    opts = Options(beam=1, len_penalty=0.6, max_len_a=1.5, max_len_b=10, batch_tokens=4096)
-    [[best]] = translate_lines(loaded, ["the cat sat"], opts, torch.device("cpu"))
-    assert [int(pair.split("-")[1]) for pair in lines[0].split()] == list(range(len(best.tokens)))
-
-    bad = runner.invoke(app, [*common, "--alignments", str(tmp_path / "x.txt"), "--head", "1"])
-    assert bad.exit_code == 2 and "--layer" in bad.output

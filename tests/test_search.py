@@ -129,3 +129,15 @@ def test_top_tokens_are_those_of_topk(vocab):
     torch.testing.assert_close(values, expected.values)
     finite = values.isfinite()
     assert torch.equal(tokens[finite], expected.indices[finite])
+
+
+def test_no_hypothesis_ends_before_min_len():
+    # A model that would end at once: EOS 0.9 after any prefix, else token 4 (or 5 at the start).
+    table = {(): {EOS: 0.9, 4: 0.06, 5: 0.04}}
+    model = FixedModel(table)
+    src = torch.tensor([[4, 5, 6, EOS]])
+    assert greedy(model, src, 0.0, 8)[0].tokens == []
+    for min_len in (1, 3):
+        assert len(greedy(model, src, 0.0, 8, min_len=min_len)[0].tokens) == min_len
+        hyps = beam_search(model, src, beam=2, max_len_a=0.0, max_len_b=8, nbest=2, min_len=min_len)[0]
+        assert [len(h.tokens) for h in hyps] == [min_len, min_len]
