@@ -137,7 +137,7 @@ class HfDataset:
 
     def read(self, encoding_errors: str = "strict") -> Iterator[tuple[str, str]]:
         """`encoding_errors` is unused: `datasets` hands over text that is already decoded."""
-        import datasets  # imported here: it takes seconds, and only this source needs it
+        import datasets  # imported here: it is slow to import, and only this source needs it
 
         label = f"hf:{self.name}" + (f":{self.config}" if self.config else "") + f" split {self.split!r}"
         # load_dataset raises whatever its backends raise (FileNotFoundError, ValueError for a bad split,

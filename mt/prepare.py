@@ -112,7 +112,7 @@ def prepare(
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover from a killed run that had our pid
     tmp.mkdir(parents=True)
     try:
-        meta = _build(tmp, {"src": src, "tgt": tgt, "corpus": corpus}, sources, options, progress)
+        meta = _build(tmp, src, tgt, corpus, sources, options, progress)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -141,7 +141,8 @@ def resolve_sources(src: str, tgt: str, corpus: str | None, train: str | None, v
     return sources
 
 
-def _build(tmp: Path, langs: dict, sources: dict[str, Source], options: Options, progress: bool) -> dict:
+def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
+           progress: bool) -> dict:
     """Write the whole prepared directory into `tmp`: text, SentencePiece, ids, meta.json; returns the meta."""
     # valid/test first: they are small, so their errors show up before the long train read.
     for split in ("valid", "test"):
@@ -169,18 +170,19 @@ def _build(tmp: Path, langs: dict, sources: dict[str, Source], options: Options,
         (tmp / f"train.{side}.txt").unlink()
     if counts.kept == 0:
         raise MtError(f"no training pair has at most {options.max_pieces} pieces a side: {counts.as_dict()}")
-    meta = _meta(langs, sources, options, tokenizers, model_files, splits, samples, counts)
+    meta = _meta(src, tgt, corpus, sources, options, tokenizers, model_files, splits, samples, counts)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
 
 
-def _meta(langs: dict, sources: dict[str, Source], options: Options, tokenizers: dict[str, Tokenizer],
-          model_files: dict[str, str], splits: dict, samples: dict | None, counts: CleanCounts) -> dict:
+def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
+          tokenizers: dict[str, Tokenizer], model_files: dict[str, str], splits: dict, samples: dict | None,
+          counts: CleanCounts) -> dict:
     """meta.json: what was read, what was removed and why, the vocabulary, per-split sizes."""
     sampling = {"samples": options.subword_samples, "alpha": options.subword_alpha, **samples} if samples else None
     return {
-        "src": langs["src"],
-        "tgt": langs["tgt"],
+        "src": src,
+        "tgt": tgt,
         "joint": options.joint,
         "vocab_size": tokenizers["src"].vocab_size if options.joint else None,
         "src_vocab_size": tokenizers["src"].vocab_size,
@@ -199,7 +201,7 @@ def _meta(langs: dict, sources: dict[str, Source], options: Options, tokenizers:
         "filters": {"max_words": options.max_words, "max_ratio": options.max_ratio,
                     "max_pieces": options.max_pieces, "dedup": options.dedup},
         "inputs": {
-            "corpus": langs["corpus"],
+            "corpus": corpus,
             "encoding_errors": options.encoding_errors,
             **{split: source.describe() for split, source in sources.items()},
         },
