@@ -1,7 +1,7 @@
 """Checkpoint averaging: the mean of the weights of several checkpoints of one run, as one checkpoint.
 
 Averaging the last few checkpoints of a run (Vaswani et al. 2017 average the last 5 or 20) smooths out the noise
-of the final updates and is worth a BLEU point or so on small data, for free. How many to average depends on the
+of the final updates, for free. How many to average depends on the
 run (how far apart its checkpoints are, how high the learning rate still was), so several counts can be tried
 and the one with the best validation BLEU kept. The result is a translation checkpoint like `best.pt`: weights,
 config and SentencePiece models, no optimizer state.
@@ -71,6 +71,30 @@ def average(paths: list[Path]) -> dict[str, Any]:
                for name, value in first["model"].items()}
     return {"model": weights, "config": newest["config"], "spm": first["spm"], "langs": first.get("langs"),
             "step": max(steps), "metrics": {"averaged_steps": steps}}
+
+
+def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0,
+                        device: str = "auto") -> tuple[dict[str, Any], list[dict]]:
+    """What `mt average` does: `last` is a count or comma-separated counts; several counts are each averaged
+    and the best on the valid split kept (`average_on_valid`, whose results are returned; else none)."""
+    from mt.device import pick_device
+
+    try:
+        counts = tuple(int(n) for n in last.split(","))
+    except ValueError:
+        raise MtError(f"--last {last!r}: expected a count or comma-separated counts, e.g. 8 or 2,4,8") from None
+    if len(counts) == 1:
+        return average_run(run_dir, out, last=counts[0], best=best), []
+    if best:
+        raise MtError("--best N averages the N best checkpoints; several counts work with --last only")
+    return average_on_valid(run_dir, out, counts, pick_device(device))
+
+
+def summary(state: dict[str, Any], results: list[dict], out: Path) -> str:
+    """What `mt average` prints: each count's valid BLEU when several were tried, then the steps averaged."""
+    lines = [f"last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} (greedy)" for r in results]
+    lines.append(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
+    return "\n".join(lines)
 
 
 def average_run(run_dir: str | Path, out: str | Path, last: int = 0, best: int = 0) -> dict[str, Any]:

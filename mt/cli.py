@@ -1,25 +1,42 @@
-"""The `mt` command line. Each command parses its options and calls one library function."""
+"""The `mt` command line. Each command parses its options and calls one library function, which holds the
+defaults; an `MtError` from any command is printed as one `error:` line and exits with its code."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
+import mt.prepare
+import mt.tune
 from mt import __version__
 from mt.errors import MtError
 
-# rich_markup_mode=None: plain help text. Rich markup would swallow every "[default: ...]" we write by hand.
-app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Train and use Transformer machine-translation models.")
+PREPARE = mt.prepare.Options()
 
 
 def fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
+
+class Commands(TyperGroup):
+    """The command group: a user's mistake (`MtError`) is caught here once for every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MtError as e:
+            fail(str(e), e.exit_code)
+
+
+# rich_markup_mode=None: plain help text. Rich markup would swallow every "[default: ...]" we write by hand.
+app = typer.Typer(cls=Commands, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Train and use Transformer machine-translation models.")
 
 
 def version_callback(value: bool) -> None:
@@ -46,35 +63,27 @@ def prepare(
     valid: Annotated[str | None, typer.Option(help="Validation data, same forms as --train.")] = None,
     test: Annotated[str | None, typer.Option(help="Test data, same forms as --train.")] = None,
     mirror: Annotated[Path | None, typer.Option(help="Local mirror of named corpora [default: $MT_MIRROR].")] = None,
-    vocab_size: Annotated[int, typer.Option(help="SentencePiece vocabulary size.")] = 8000,
-    separate_vocab: Annotated[bool, typer.Option(help="One SentencePiece model per language instead of a joint one.")] = False,
-    model_type: Annotated[str, typer.Option(help="SentencePiece model type: unigram or bpe.")] = "unigram",
-    spm_sentences: Annotated[int, typer.Option(help="Train SentencePiece on a random sample of at most this many lines (bounds its memory on big corpora).")] = 1_000_000,
-    max_words: Annotated[int, typer.Option(help="Drop training pairs with more words on either side.")] = 250,
-    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = 9.0,
-    max_tokens: Annotated[int, typer.Option(help="Drop training pairs with more pieces on either side.")] = 254,
-    dedup: Annotated[bool, typer.Option(help="Drop exact duplicate training pairs.")] = False,
-    encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = "strict",
-    subword_samples: Annotated[int, typer.Option(help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. 0: off.")] = 0,
-    subword_alpha: Annotated[float, typer.Option(help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = 0.3,
+    vocab_size: Annotated[int, typer.Option(help="SentencePiece vocabulary size.")] = PREPARE.vocab_size,
+    separate_vocab: Annotated[bool, typer.Option(help="One SentencePiece model per language instead of a joint one.")] = not PREPARE.joint,
+    model_type: Annotated[str, typer.Option(help="SentencePiece model type: unigram or bpe.")] = PREPARE.model_type,
+    spm_sentences: Annotated[int, typer.Option(help="Train SentencePiece on a random sample of at most this many lines (bounds its memory on big corpora).")] = PREPARE.spm_sentences,
+    max_words: Annotated[int, typer.Option(help="Drop training pairs with more words on either side.")] = PREPARE.max_words,
+    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = PREPARE.max_ratio,
+    max_pieces: Annotated[int, typer.Option(help="Drop training pairs with more SentencePiece pieces on either side.")] = PREPARE.max_pieces,
+    dedup: Annotated[bool, typer.Option(help="Drop exact duplicate training pairs.")] = PREPARE.dedup,
+    encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = PREPARE.encoding_errors,
+    subword_samples: Annotated[int, typer.Option(help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. Pays off only with long training; the one-hour recipes leave it off. 0: off.")] = PREPARE.subword_samples,
+    subword_alpha: Annotated[float, typer.Option(help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = PREPARE.subword_alpha,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
-    from mt.prepare import prepare as run
-    from mt.prepare import summary
-
-    if corpus is None and train is None:
-        fail("name a corpus (e.g. `mt prepare multi30k`) or give --train")
-    out = out or Path("data/prepared") / f"{corpus or Path(train).stem}_{src}_{tgt}"
-    try:
-        meta = run(out, src, tgt, corpus=corpus, train=train, valid=valid, test=test, mirror=mirror,
-                   vocab_size=vocab_size, joint=not separate_vocab, model_type=model_type,
-                   spm_sentences=spm_sentences, max_words=max_words,
-                   max_ratio=max_ratio, max_tokens=max_tokens, dedup=dedup, encoding_errors=encoding_errors,
-                   subword_samples=subword_samples, subword_alpha=subword_alpha, progress=not quiet)
-    except MtError as e:
-        fail(str(e))
-    typer.echo(summary(meta))
+    out = out or mt.prepare.default_out(corpus, train, src, tgt)
+    meta = mt.prepare.prepare(
+        out, src, tgt, corpus=corpus, train=train, valid=valid, test=test, mirror=mirror, vocab_size=vocab_size,
+        joint=not separate_vocab, model_type=model_type, spm_sentences=spm_sentences, max_words=max_words,
+        max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup, encoding_errors=encoding_errors,
+        subword_samples=subword_samples, subword_alpha=subword_alpha, progress=not quiet)
+    typer.echo(mt.prepare.summary(meta))
     typer.echo(f"wrote {out}")
 
 
@@ -93,15 +102,11 @@ def train(
 
     if (config is None) != resume:
         fail("give a config file (e.g. configs/demo.yaml) to start a run, or --resume --out RUN_DIR to continue one")
-    if out is None:
-        if config is None:
-            fail("--resume needs --out RUN_DIR")
-        out = Path("runs") / config.stem
-    try:
-        cfg = resume_config(out, set_ or []) if resume else load_config(config, set_ or [])
-        metrics = run(cfg, out, resume=resume, progress=not quiet)
-    except MtError as e:
-        fail(str(e), e.exit_code)
+    if out is None and config is None:
+        fail("--resume needs --out RUN_DIR")
+    out = out or Path("runs") / config.stem
+    cfg = resume_config(out, set_ or []) if resume else load_config(config, set_ or [])
+    metrics = run(cfg, out, resume=resume, progress=not quiet)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, not one per process
         typer.echo(f"done: {out}/best.pt" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
 
@@ -140,6 +145,8 @@ def translate(
         fail(str(e), e.exit_code)
 
 
+
+
 @app.command()
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
@@ -152,25 +159,10 @@ def evaluate(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
     """BLEU, chrF and TER with sacreBLEU signatures, of --hyp, or of --checkpoint's translation of --src."""
-    from mt.evaluate import render, score
-    from mt.lines import read_text
+    from mt.evaluate import evaluate as run
+    from mt.evaluate import render
 
-    if (hyp is None) == (checkpoint is None):
-        fail("give either --hyp FILE, or --checkpoint C with --src FILE")
-    try:
-        refs = read_text(ref)
-        if hyp is not None:
-            hyps = read_text(hyp)
-        else:
-            if src is None:
-                fail("--checkpoint needs --src FILE (the sentences to translate)")
-            hyps = translate_file(checkpoint, src, beam, device)
-        if len(hyps) != len(refs):
-            fail(f"{hyp or src} has {len(hyps)} lines but {ref} has {len(refs)}; they must be line-aligned")
-        report = score(hyps, refs, lowercase)
-    except MtError as e:
-        fail(str(e))
-    typer.echo(render(report, json_))
+    typer.echo(render(run(ref, hyp, checkpoint, src, beam, lowercase, device), json_))
 
 
 @app.command()
@@ -182,25 +174,10 @@ def average(
     device: Annotated[str, typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = "auto",
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
-    from mt.average import average_on_valid, average_run
-    from mt.device import pick_device
+    from mt.average import average_checkpoints, summary
 
-    try:
-        counts = tuple(int(n) for n in last.split(","))
-    except ValueError:
-        fail(f"--last {last!r}: expected a count or comma-separated counts, e.g. 8 or 2,4,8")
-    if len(counts) > 1 and best:
-        fail("--best N averages the N best checkpoints; several counts work with --last only")
-    try:
-        if len(counts) > 1:
-            state, results = average_on_valid(run_dir, out, counts, pick_device(device))
-            for r in results:
-                typer.echo(f"last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} (greedy)")
-        else:
-            state = average_run(run_dir, out, last=counts[0], best=best)
-    except MtError as e:
-        fail(str(e))
-    typer.echo(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
+    state, results = average_checkpoints(run_dir, out, last, best, device)
+    typer.echo(summary(state, results, out))
 
 
 @app.command()
@@ -209,28 +186,14 @@ def tune(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode defaults (may be --checkpoint itself).")],
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Held-out source sentences [default: the prepared valid split].")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
-    beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = "1,5",
-    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = "0.6,0.8,1.0,1.2,1.5",
+    beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_BEAMS)),
+    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
-    from mt.device import pick_device
-    from mt.tune import tune_checkpoint
-
-    try:
-        beam_list = tuple(int(b) for b in beams.split(","))
-        penalty_list = tuple(float(a) for a in len_penalties.split(","))
-    except ValueError:
-        fail(f"--beams {beams!r} / --len-penalties {len_penalties!r}: expected comma-separated numbers, e.g. 1,5")
-    try:
-        results = tune_checkpoint(checkpoint, out, pick_device(device), src, ref, beam_list, penalty_list,
-                                  progress=not quiet)
-    except MtError as e:
-        fail(str(e))
-    for r in results:
-        typer.echo(f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}  BLEU {r['bleu']:6.2f}")
-    typer.echo(f"{out}: decodes with beam {results[0]['beam']}, len_penalty {results[0]['len_penalty']}")
+    results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet)
+    typer.echo(mt.tune.summary(results, out))
 
 
 @app.command()
@@ -243,22 +206,17 @@ def report(
     write RUN_DIR/report.json."""
     import json
 
-    from mt.device import pick_device
-    from mt.report import recipe_report, write_report
+    from mt.report import report_run
 
-    checkpoint = checkpoint or run_dir / "final.pt"
-    try:
-        result = recipe_report(run_dir, checkpoint, pick_device(device))
-        write_report(result, run_dir / "report.json")
-    except MtError as e:
-        fail(str(e))
-    typer.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    typer.echo(json.dumps(report_run(run_dir, checkpoint, device), indent=2, ensure_ascii=False))
 
 
 def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
     from mt.translate import translate_file as run
 
     return run(checkpoint, src, beam, device)
+
+
 
 
 @app.command()
@@ -269,11 +227,7 @@ def plot(
     """Training and validation curves (loss, BLEU, learning rate, tokens/s against steps) as a PNG."""
     from mt.plot import plot_runs
 
-    try:
-        plot_runs(run_dirs, out)
-    except MtError as e:
-        fail(str(e))
-    typer.echo(f"wrote {out}")
+    typer.echo(f"wrote {plot_runs(run_dirs, out)}")
 
 
 @app.command()
@@ -282,15 +236,9 @@ def info(
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Architecture, parameter count, vocabulary, languages, training step, validation scores and config."""
-    import json
-
     from mt.info import describe, render
 
-    try:
-        d = describe(checkpoint)
-    except MtError as e:
-        fail(str(e))
-    typer.echo(json.dumps(d, indent=2, ensure_ascii=False) if json_ else render(d))
+    typer.echo(render(describe(checkpoint), json_))
 
 
 @app.command()
@@ -303,20 +251,9 @@ def score(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Log-probability (natural log, EOS included) of each --tgt line given its --src line: one per line."""
-    from mt.checkpoint import load_model
-    from mt.device import pick_device
-    from mt.lines import read_text
-    from mt.score import score_pairs
+    from mt.score import score_files
 
-    try:
-        sources, targets = read_text(src), read_text(tgt)
-        if len(sources) != len(targets):
-            fail(f"{src} has {len(sources)} lines but {tgt} has {len(targets)}; they must be line-aligned")
-        dev = pick_device(device)
-        scores = score_pairs(load_model(checkpoint, dev), sources, targets, dev, batch_tokens, progress=not quiet)
-    except MtError as e:
-        fail(str(e))
-    for value in scores:
+    for value in score_files(checkpoint, src, tgt, batch_tokens, device, progress=not quiet):
         typer.echo(f"{value:.4f}")
 
 
@@ -351,10 +288,7 @@ def bench_translate(
     if not grid:
         b = TranslateBench(preset, str(checkpoint) if checkpoint else None, str(input) if input else None, beam,
                            batch, sentences, src_len, tgt_len, precision, threads, runs)
-        try:
-            result = run(b)
-        except (ValueError, MtError) as e:
-            fail(str(e))
+        result = run(b)
         typer.echo(json.dumps(result) if json_ else markdown_table([result]))
         return
     rows = []
@@ -406,11 +340,8 @@ def bench_train(
             command = "mt bench train --grid --readme README.md" + (f" --data {data}" if data else "")
             write_readme_table(readme, "train", table, command)
         return
-    try:
-        result = run(TrainBench(preset, str(data) if data else None, batch, src_len, tgt_len, max_tokens, precision,
-                                threads, steps))
-    except (ValueError, MtError) as e:
-        fail(str(e))
+    result = run(TrainBench(preset, str(data) if data else None, batch, src_len, tgt_len, max_tokens, precision,
+                            threads, steps))
     if json_:
         typer.echo(json.dumps(result))
     else:

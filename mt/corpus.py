@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt.errors import MtError
-from mt.lines import read_lines
+from mt.lines import check_aligned, read_lines
 
 SPLITS = ("train", "valid", "test")
-
 
 
 # ---------------------------------------------------------------------------------------------- lines and text
@@ -78,10 +77,7 @@ class TextFiles:
         if s is not None or t is not None:
             n_src = n + (s is not None) + sum(1 for _ in src_lines)
             n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
-            raise MtError(
-                f"{self.src_path} has {n_src} lines but {self.tgt_path} has {n_tgt}; "
-                "parallel files must be aligned line by line"
-            )
+            check_aligned(self.src_path, n_src, self.tgt_path, n_tgt)
 
     def describe(self) -> dict:
         return {"format": "text", "src": str(self.src_path), "tgt": str(self.tgt_path)}
@@ -141,7 +137,7 @@ class HfDataset:
 
     def read(self, encoding_errors: str = "strict") -> Iterator[tuple[str, str]]:
         """`encoding_errors` is unused: `datasets` hands over text that is already decoded."""
-        import datasets  # imported here: it takes seconds, and only this source needs it
+        import datasets  # imported here: it is slow to import, and only this source needs it
 
         label = f"hf:{self.name}" + (f":{self.config}" if self.config else "") + f" split {self.split!r}"
         # load_dataset raises whatever its backends raise (FileNotFoundError, ValueError for a bad split,
@@ -377,11 +373,11 @@ class CleanCounts:
     too_long: int = 0  # more than max_words whitespace-separated words on either side
     ratio: int = 0  # longer side / shorter side, in characters, above max_ratio
     duplicates: int = 0  # the exact same (src, tgt) pair seen before
-    too_many_tokens: int = 0  # more than max_tokens subword pieces on either side (counted by prepare)
+    too_many_pieces: int = 0  # more than max_pieces subword pieces on either side (counted by prepare)
 
     @property
     def kept(self) -> int:
-        return self.read - self.empty - self.too_long - self.ratio - self.duplicates - self.too_many_tokens
+        return self.read - self.empty - self.too_long - self.ratio - self.duplicates - self.too_many_pieces
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -390,7 +386,7 @@ class CleanCounts:
             "too_long": self.too_long,
             "ratio": self.ratio,
             "duplicates": self.duplicates,
-            "too_many_tokens": self.too_many_tokens,
+            "too_many_pieces": self.too_many_pieces,
             "kept": self.kept,
         }
 

@@ -8,13 +8,12 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mt.errors import MtError
-from mt.lines import read_text
+from mt.lines import check_aligned, read_text
 
 
 def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
     """Corpus-level scores: {"bleu": {"score", "signature", "verbose"}, "chrf": {...}, "ter": {...}}."""
-    if len(hyps) != len(refs):
-        raise MtError(f"{len(hyps)} hypotheses but {len(refs)} references; they must be line-aligned")
+    check_aligned("the hypothesis list", len(hyps), "the reference list", len(refs))
     report = {}
     for name, metric in (("bleu", BLEU(lowercase=lowercase)), ("chrf", CHRF(lowercase=lowercase)),
                          ("ter", TER(case_sensitive=not lowercase))):
@@ -25,6 +24,32 @@ def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
     return report
 
 
+def evaluate(ref: Path, hyp: Path | None = None, checkpoint: Path | None = None, src: Path | None = None,
+             beam: int | None = None, lowercase: bool = False, device: str = "auto") -> dict:
+    """Score `hyp`, or `checkpoint`'s translation of `src` (decoded with its own defaults, or `beam`), against
+    `ref`; `score`'s report."""
+    if (hyp is None) == (checkpoint is None):
+        raise MtError("give either --hyp FILE, or --checkpoint C with --src FILE")
+    if checkpoint is not None and src is None:
+        raise MtError("--checkpoint needs --src FILE (the sentences to translate)")
+    refs = read_text(ref)
+    hyps = read_text(hyp) if hyp is not None else translate_file(checkpoint, src, beam, device)
+    check_aligned(hyp or src, len(hyps), ref, len(refs))
+    return score(hyps, refs, lowercase)
+
+
+def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
+    """The translation of each line of `src` by `checkpoint`, with its decode defaults (or `beam`)."""
+    from mt.checkpoint import load_model  # torch: imported only when there is something to translate
+    from mt.device import pick_device
+    from mt.translate import Options, translate_stream
+
+    sources = read_text(src)
+    dev = pick_device(device)
+    loaded = load_model(checkpoint, dev)
+    return list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode, beam=beam), dev))
+
+
 def render(report: dict, as_json: bool = False) -> str:
     if as_json:
         return json.dumps(report, indent=2)
@@ -32,10 +57,3 @@ def render(report: dict, as_json: bool = False) -> str:
              for name in ("bleu", "chrf", "ter")]
     lines.append(report["bleu"]["verbose"])
     return "\n".join(lines)
-
-
-def score_files(hyp: str | Path, ref: str | Path, lowercase: bool = False) -> dict:
-    hyps, refs = read_text(hyp), read_text(ref)
-    if len(hyps) != len(refs):
-        raise MtError(f"{hyp} has {len(hyps)} lines but {ref} has {len(refs)}; they must be line-aligned")
-    return score(hyps, refs, lowercase)

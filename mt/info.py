@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,11 @@ def describe(checkpoint_path: str | Path) -> dict[str, Any]:
     }
 
 
-def render(d: dict[str, Any]) -> str:
-    """`describe`'s summary as an aligned two-column table: the headline rows, then the config key by key."""
+def render(d: dict[str, Any], as_json: bool = False) -> str:
+    """`describe`'s summary as JSON, or as an aligned two-column table: the headline rows, then the config key
+    by key."""
+    if as_json:
+        return json.dumps(d, indent=2, ensure_ascii=False)
     arch = d["architecture"]
     vocab = d["vocabulary"]
     src, tgt = d["languages"]["src"], d["languages"]["tgt"]

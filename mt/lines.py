@@ -1,4 +1,4 @@
-"""Text files, one sentence per line: the one reader and the one writer every command uses.
+"""Text files, one sentence per line: the one reader, the one line-count check and the one writer.
 
 Lines end at "\\n" only (as `wc -l` counts them), a trailing "\\r" is dropped, and a leading byte-order mark is
 ignored. Files are decoded as UTF-8 line by line, so an invalid byte is reported with its file and line. Output is
@@ -22,7 +22,7 @@ def _open_binary(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def read_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
+def read_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
     """Yield the lines of a plain or gzip (by suffix) UTF-8 file, without their "\\n" or "\\r\\n".
 
     A leading byte-order mark is dropped. Raises `MtError` for a missing, unreadable or empty file and, when
@@ -32,7 +32,7 @@ def read_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
         raise MtError(
             f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
         )
-    lineno = 0
+    path, lineno = Path(path), 0
     try:
         with _open_binary(path) as f:
             for lineno, raw in enumerate(f, 1):
@@ -41,7 +41,7 @@ def read_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
                 except UnicodeDecodeError as e:
                     raise MtError(
                         f"{path}:{lineno}: invalid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                        "fix the file or pass --encoding-errors replace"
+                        "fix the file, or pass --encoding-errors replace (mt prepare, mt translate)"
                     ) from None
                 if lineno == 1:
                     line = line.removeprefix("\ufeff")
@@ -54,19 +54,15 @@ def read_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
         raise MtError(f"{path}: file is empty")
 
 
-def read_text(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file, CRLF and a BOM tolerated; errors name the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise MtError(f"{path}: file not found")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise MtError(f"{path}, line {line}: not valid UTF-8; convert the file to UTF-8") from None
-    lines = [line.rstrip("\r") for line in text.split("\n")]
-    return lines[:-1] if lines[-1] == "" else lines  # a final newline ends the last line, not a new one
+def read_text(path: str | Path, encoding_errors: str = "strict") -> list[str]:
+    """Every line of a file, as `read_lines` reads them."""
+    return list(read_lines(path, encoding_errors))
+
+
+def check_aligned(name_a: str | Path, count_a: int, name_b: str | Path, count_b: int) -> None:
+    """Raise `MtError` naming both inputs and their line counts unless they have as many lines."""
+    if count_a != count_b:
+        raise MtError(f"{name_a} has {count_a} lines but {name_b} has {count_b}; they must be line-aligned")
 
 
 def write_lines(path: str | Path, lines: Iterable[str]) -> None:

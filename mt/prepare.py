@@ -24,7 +24,8 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ from mt.corpus import (
     read_pairs,
 )
 from mt.errors import MtError
-from mt.lines import ENCODING_ERRORS
+from mt.lines import ENCODING_ERRORS, read_lines
 from mt.tokenizer import Tokenizer, train_sentencepiece
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -49,134 +50,163 @@ SIDES = ("src", "tgt")
 CHUNK_LINES = 10_000
 
 
+@dataclass(frozen=True)
+class Options:
+    """How `prepare` cleans the training pairs and builds the vocabulary; its defaults are `mt prepare`'s."""
+
+    vocab_size: int = 8000
+    joint: bool = True  # one SentencePiece model for both languages
+    model_type: str = "unigram"
+    spm_sentences: int = 1_000_000  # SentencePiece trains on a sample of at most this many lines (bounds memory)
+    max_words: int = 250
+    max_ratio: float = 9.0
+    max_pieces: int = 254  # the default model's 256 positions (model.max_len) less BOS and EOS
+    dedup: bool = False
+    encoding_errors: str = "strict"
+    # Subword regularization pays off only with long training; the one-hour recipes leave it off.
+    subword_samples: int = 0
+    subword_alpha: float = 0.3
+
+    def check(self) -> None:
+        """Raise `MtError` for a setting that cannot work, before any slow work starts."""
+        if self.model_type not in MODEL_TYPES:
+            raise MtError(f"model type must be one of {', '.join(MODEL_TYPES)}, not {self.model_type!r}")
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise MtError(f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, "
+                          f"not {self.encoding_errors!r}")
+        if self.spm_sentences < 1:
+            raise MtError(f"spm_sentences={self.spm_sentences}: SentencePiece needs at least one sentence to sample")
+        if self.subword_samples < 0 or self.subword_samples and not 0 < self.subword_alpha <= 1:
+            raise MtError(f"subword samples {self.subword_samples}, alpha {self.subword_alpha}: give samples >= 0 "
+                          "and 0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
+
+
 def prepare(
-    out_dir: Path,
-    src: str,
-    tgt: str,
-    corpus: str | None = None,
-    train: str | None = None,
-    valid: str | None = None,
-    test: str | None = None,
-    mirror: Path | None = None,
-    vocab_size: int = 8000,
-    joint: bool = True,
-    model_type: str = "unigram",
-    max_words: int = 250,
-    max_ratio: float = 9.0,
-    max_tokens: int = 256,
-    dedup: bool = False,
-    spm_sentences: int = 1_000_000,
-    encoding_errors: str = "strict",
-    subword_samples: int = 0,
-    subword_alpha: float = 0.3,
-    progress: bool = True,
+    out_dir: Path, src: str, tgt: str, corpus: str | None = None, train: str | None = None,
+    valid: str | None = None, test: str | None = None, mirror: Path | None = None,
+    vocab_size: int = Options.vocab_size, joint: bool = Options.joint, model_type: str = Options.model_type,
+    max_words: int = Options.max_words, max_ratio: float = Options.max_ratio,
+    max_pieces: int = Options.max_pieces, dedup: bool = Options.dedup, spm_sentences: int = Options.spm_sentences,
+    encoding_errors: str = Options.encoding_errors, subword_samples: int = Options.subword_samples,
+    subword_alpha: float = Options.subword_alpha, progress: bool = True,
 ) -> dict:
     """Prepare `out_dir` for training `src` -> `tgt` and return the meta dict written to its meta.json.
 
     `corpus` names a corpus (`multi30k`) that supplies all three splits; `train`, `valid` and `test` are specs
     (see `mt.corpus.find_source`) that replace the named corpus's split, or stand alone without one. Training pairs
-    are cleaned (`mt.corpus.clean_pairs`), then those with more than `max_tokens` pieces on either side are dropped;
+    are cleaned (`mt.corpus.clean_pairs`), then those with more than `max_pieces` pieces on either side are dropped;
     valid and test pairs are only normalised, never dropped. `spm_sentences` caps the lines SentencePiece samples.
     `subword_samples` > 0 also writes that many copies of the kept training pairs, each segmented by sampling at
     smoothness `subword_alpha` (repeatably: each draw is seeded), for training to take one per epoch in turn.
     """
+    options = Options(vocab_size=vocab_size, joint=joint, model_type=model_type, spm_sentences=spm_sentences,
+                      max_words=max_words, max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup,
+                      encoding_errors=encoding_errors, subword_samples=subword_samples, subword_alpha=subword_alpha)
     out_dir = Path(out_dir).absolute()
     if src == tgt:
         raise MtError(f"source and target language are both {src!r}")
-    if model_type not in MODEL_TYPES:
-        raise MtError(f"model type must be one of {', '.join(MODEL_TYPES)}, not {model_type!r}")
-    if encoding_errors not in ENCODING_ERRORS:
-        raise MtError(
-            f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
-        )
-    if spm_sentences < 1:
-        raise MtError(f"spm_sentences={spm_sentences}: SentencePiece needs at least one sentence to sample")
-    if subword_samples < 0 or subword_samples and not 0 < subword_alpha <= 1:
-        raise MtError(f"subword samples {subword_samples}, alpha {subword_alpha}: give samples >= 0 and "
-                      f"0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
+    options.check()
+    sources = resolve_sources(src, tgt, corpus, train, valid, test, mirror)
+    _check_replaceable(out_dir)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a leftover from a killed run that had our pid
+    tmp.mkdir(parents=True)
+    try:
+        meta = _build(tmp, src, tgt, corpus, sources, options, progress)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def default_out(corpus: str | None, train: str | None, src: str, tgt: str) -> Path:
+    """`mt prepare`'s output directory when none is given: data/prepared/CORPUS_SRC_TGT."""
+    if corpus is None and train is None:
+        raise MtError("name a corpus (e.g. `mt prepare multi30k`) or give --train")
+    return Path("data/prepared") / f"{corpus or Path(train).stem}_{src}_{tgt}"
+
+
+def resolve_sources(src: str, tgt: str, corpus: str | None, train: str | None, valid: str | None,
+                    test: str | None, mirror: Path | None) -> dict[str, Source]:
+    """Every split's source, resolved before any slow work, so a mistyped path fails in a second."""
     if corpus is None and train is None:
         raise MtError("no training data: name a corpus (e.g. multi30k) or give a train spec")
-    _check_replaceable(out_dir)
-
-    # Resolve every split before any slow work, so a mistyped path fails in a second, not after training spm.
     sources: dict[str, Source] = {}
     for split, spec in (("train", train), ("valid", valid), ("test", test)):
         if spec is not None:
             sources[split] = find_source(spec, src, tgt, split)
         elif corpus is not None:
             sources[split] = named_source(corpus, split, src, tgt, mirror)
+    return sources
 
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # a leftover from a killed run that had our pid
-    tmp.mkdir(parents=True)
-    try:
-        # valid/test first: they are small, so their errors show up before the long train read.
-        for split in ("valid", "test"):
-            if split in sources:
-                pairs = read_pairs(sources[split], encoding_errors)
-                _write_text(_bar(pairs, f"read {split}", progress), tmp, split)
 
-        counts = CleanCounts()
-        pairs = _bar(read_pairs(sources["train"], encoding_errors), "read train", progress)
-        _write_text(clean_pairs(pairs, counts, max_words, max_ratio, dedup), tmp, "train")
-        if counts.kept == 0:
-            raise MtError(f"no training pairs left after cleaning: {counts.as_dict()}")
+def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
+           progress: bool) -> dict:
+    """Write the whole prepared directory into `tmp`: text, SentencePiece, ids, meta.json; returns the meta."""
+    # valid/test first: they are small, so their errors show up before the long train read.
+    for split in ("valid", "test"):
+        if split in sources:
+            pairs = read_pairs(sources[split], options.encoding_errors)
+            _write_text(_bar(pairs, f"read {split}", progress), tmp, split)
+    counts = CleanCounts()
+    pairs = _bar(read_pairs(sources["train"], options.encoding_errors), "read train", progress)
+    _write_text(clean_pairs(pairs, counts, options.max_words, options.max_ratio, options.dedup), tmp, "train")
+    if counts.kept == 0:
+        raise MtError(f"no training pairs left after cleaning: {counts.as_dict()}")
 
-        model_files = _train_tokenizers(tmp, joint, vocab_size, model_type, spm_sentences)
-        tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
-
-        splits, samples = {}, None
-        for split in sources:
-            train_split = split == "train"
-            splits[split], sampled = _encode_split(tmp, split, tokenizers, max_tokens if train_split else None,
-                                                   counts, subword_samples if train_split else 0, subword_alpha,
-                                                   progress)
-            samples = samples or sampled  # only the training split is sampled
-        # The cleaned training text also holds pairs dropped for too many tokens; the ids are the truth.
-        for side in SIDES:
-            (tmp / f"train.{side}.txt").unlink()
-        if counts.kept == 0:
-            raise MtError(f"no training pair has at most {max_tokens} tokens a side: {counts.as_dict()}")
-
-        meta = {
-            "src": src,
-            "tgt": tgt,
-            "joint": joint,
-            "vocab_size": tokenizers["src"].vocab_size if joint else None,
-            "src_vocab_size": tokenizers["src"].vocab_size,
-            "tgt_vocab_size": tokenizers["tgt"].vocab_size,
-            "tokenizer": {
-                "model_type": model_type,
-                "requested_vocab_size": vocab_size,
-                "spm_sentences": spm_sentences,
-                "files": sorted(set(model_files.values())),
-                "src": model_files["src"],
-                "tgt": model_files["tgt"],
-            },
-            "splits": splits,
-            "subword_sampling": {"samples": subword_samples, "alpha": subword_alpha, **samples} if samples else None,
-            "cleaning": counts.as_dict(),
-            "filters": {
-                "max_words": max_words,
-                "max_ratio": max_ratio,
-                "max_tokens": max_tokens,
-                "dedup": dedup,
-            },
-            "inputs": {
-                "corpus": corpus,
-                "encoding_errors": encoding_errors,
-                **{split: source.describe() for split, source in sources.items()},
-            },
-            "mt_version": __version__,
-        }
-        (tmp / "meta.json").write_text(
-            json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    model_files = _train_tokenizers(tmp, options.joint, options.vocab_size, options.model_type,
+                                    options.spm_sentences)
+    tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
+    splits, samples = {}, None
+    for split in sources:
+        train_split = split == "train"
+        splits[split], sampled = _encode_split(tmp, split, tokenizers, options.max_pieces if train_split else None,
+                                               counts, options.subword_samples if train_split else 0,
+                                               options.subword_alpha, progress)
+        samples = samples or sampled  # only the training split is sampled
+    # The cleaned training text also holds pairs dropped for too many pieces; the ids are the truth.
+    for side in SIDES:
+        (tmp / f"train.{side}.txt").unlink()
+    if counts.kept == 0:
+        raise MtError(f"no training pair has at most {options.max_pieces} pieces a side: {counts.as_dict()}")
+    meta = _meta(src, tgt, corpus, sources, options, tokenizers, model_files, splits, samples, counts)
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
+
+
+def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
+          tokenizers: dict[str, Tokenizer], model_files: dict[str, str], splits: dict, samples: dict | None,
+          counts: CleanCounts) -> dict:
+    """meta.json: what was read, what was removed and why, the vocabulary, per-split sizes."""
+    sampling = {"samples": options.subword_samples, "alpha": options.subword_alpha, **samples} if samples else None
+    return {
+        "src": src,
+        "tgt": tgt,
+        "joint": options.joint,
+        "vocab_size": tokenizers["src"].vocab_size if options.joint else None,
+        "src_vocab_size": tokenizers["src"].vocab_size,
+        "tgt_vocab_size": tokenizers["tgt"].vocab_size,
+        "tokenizer": {
+            "model_type": options.model_type,
+            "requested_vocab_size": options.vocab_size,
+            "spm_sentences": options.spm_sentences,
+            "files": sorted(set(model_files.values())),
+            "src": model_files["src"],
+            "tgt": model_files["tgt"],
+        },
+        "splits": splits,
+        "subword_sampling": sampling,
+        "cleaning": counts.as_dict(),
+        "filters": {"max_words": options.max_words, "max_ratio": options.max_ratio,
+                    "max_pieces": options.max_pieces, "dedup": options.dedup},
+        "inputs": {
+            "corpus": corpus,
+            "encoding_errors": options.encoding_errors,
+            **{split: source.describe() for split, source in sources.items()},
+        },
+        "mt_version": __version__,
+    }
 
 
 def summary(meta: dict) -> str:
@@ -204,7 +234,7 @@ def summary(meta: dict) -> str:
             ("too_long", f"over {meta['filters']['max_words']} words"),
             ("ratio", f"length ratio over {meta['filters']['max_ratio']:g}"),
             ("duplicates", "duplicates"),
-            ("too_many_tokens", f"over {meta['filters']['max_tokens']} tokens"),
+            ("too_many_pieces", f"over {meta['filters']['max_pieces']} pieces"),
         ]
     )
     lines.append(f"  train cleaning: read {c['read']:,}, kept {c['kept']:,}, removed {removed:,} ({reasons})")
@@ -261,13 +291,6 @@ def _write_text(pairs: Iterable[tuple[str, str]], directory: Path, split: str) -
     return n
 
 
-def _read_text(path: Path) -> Iterator[str]:
-    """Lines of a file `_write_text` wrote. Split on "\\n" alone: the text holds no other line breaks."""
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for line in f:
-            yield line[:-1]
-
-
 def _train_tokenizers(
     directory: Path, joint: bool, vocab_size: int, model_type: str, spm_sentences: int
 ) -> dict[str, str]:
@@ -279,7 +302,7 @@ def _train_tokenizers(
         plan = {f"spm.{side}": [directory / f"train.{side}.txt"] for side in SIDES}
         files = {side: f"spm.{side}.model" for side in SIDES}
     for prefix, paths in plan.items():
-        lines = itertools.chain.from_iterable(_read_text(path) for path in paths)
+        lines = itertools.chain.from_iterable(read_lines(path) for path in paths)
         try:
             train_sentencepiece(
                 lines, directory / prefix, vocab_size, model_type, seed_sentences=spm_sentences
@@ -293,13 +316,13 @@ def _encode_split(
     directory: Path,
     split: str,
     tokenizers: dict[str, Tokenizer],
-    max_tokens: int | None,
+    max_pieces: int | None,
     counts: CleanCounts,
     samples: int,
     alpha: float,
     progress: bool,
 ) -> tuple[dict[str, int], dict[str, int] | None]:
-    """Encode `{split}.{side}.txt` into ids/offsets arrays, dropping pairs over `max_tokens` (None: keep all).
+    """Encode `{split}.{side}.txt` into ids/offsets arrays, dropping pairs over `max_pieces` (None: keep all).
     Returns the split's pairs and tokens, and the sampled copies' tokens (None without `samples`).
 
     With `samples`, the kept pairs are encoded that many times more by sampling at `alpha`, into
@@ -310,7 +333,7 @@ def _encode_split(
     sampled = [{side: _IdsWriter(directory / f"{split}-sample{k}.{side}", tokenizers[side].vocab_size)
                 for side in SIDES} for k in range(1, samples + 1)]
     lines = zip(
-        _read_text(directory / f"{split}.src.txt"), _read_text(directory / f"{split}.tgt.txt"), strict=True
+        read_lines(directory / f"{split}.src.txt"), read_lines(directory / f"{split}.tgt.txt"), strict=True
     )
     draws = itertools.count(1)  # each sampling call's seed: the copies are repeatable, and differ
     with tqdm(desc=f"encode {split}", unit=" pairs", disable=not progress or not sys.stderr.isatty()) as bar:
@@ -318,9 +341,9 @@ def _encode_split(
             bar.update(len(chunk))
             src_ids = tokenizers["src"].encode([s for s, _ in chunk])
             tgt_ids = tokenizers["tgt"].encode([t for _, t in chunk])
-            if max_tokens is not None:
-                keep = [len(s) <= max_tokens and len(t) <= max_tokens for s, t in zip(src_ids, tgt_ids, strict=True)]
-                counts.too_many_tokens += keep.count(False)
+            if max_pieces is not None:
+                keep = [len(s) <= max_pieces and len(t) <= max_pieces for s, t in zip(src_ids, tgt_ids, strict=True)]
+                counts.too_many_pieces += keep.count(False)
                 chunk, src_ids, tgt_ids = (list(itertools.compress(x, keep)) for x in (chunk, src_ids, tgt_ids))
             writers["src"].write(src_ids)
             writers["tgt"].write(tgt_ids)

@@ -17,11 +17,19 @@ from mt import checkpoint
 from mt.checkpoint import load_model
 from mt.config import Config
 from mt.data import epoch_batches, epoch_split, train_splits
+from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
 from mt.lines import read_text, write_lines
 from mt.model import count_parameters
 from mt.translate import Options, translate_stream
+
+
+def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str = "auto") -> dict[str, Any]:
+    """`recipe_report` of `checkpoint_path` (default: the run's final.pt), also written to RUN_DIR/report.json."""
+    report = recipe_report(run_dir, checkpoint_path or Path(run_dir) / "final.pt", pick_device(device))
+    write_report(report, Path(run_dir) / "report.json")
+    return report
 
 
 def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) -> dict[str, Any]:
@@ -67,9 +75,8 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
     """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
-    t = cfg.train
     split = epoch_split(train_splits(data_dir), position["epoch"])
-    batches = epoch_batches(split, t.max_tokens, cfg.model.max_len, t.seed, position["epoch"])
+    batches = epoch_batches(split, cfg.train.max_tokens, cfg.model.max_len, cfg.train.seed, position["epoch"])
     return position["epoch"] + position["batch"] / len(batches)
 
 

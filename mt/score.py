@@ -8,22 +8,33 @@ more negative means less likely, and longer targets score lower.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from mt.checkpoint import Loaded
-from mt.data import batch_by_tokens, pad
+from mt.checkpoint import Loaded, load_model
+from mt.data import batch_by_tokens, pad, shift_targets
+from mt.device import pick_device
 from mt.errors import MtError
-from mt.tokenizer import BOS, EOS, PAD
+from mt.lines import check_aligned, read_text
+from mt.tokenizer import EOS, PAD
+
+
+def score_files(checkpoint: Path, src: Path, tgt: Path, batch_tokens: int | None = None, device: str = "auto",
+                progress: bool = True) -> list[float]:
+    """`score_pairs` of the line-aligned files `src` and `tgt` under the model in `checkpoint`."""
+    sources, targets = read_text(src), read_text(tgt)
+    check_aligned(src, len(sources), tgt, len(targets))
+    dev = pick_device(device)
+    return score_pairs(load_model(checkpoint, dev), sources, targets, dev, batch_tokens, progress)
 
 
 @torch.inference_mode()
 def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: torch.device | str = "cpu",
                 batch_tokens: int | None = None, progress: bool = False) -> list[float]:
     """Total log-probability of each target given its source (EOS included), in input order."""
-    if len(sources) != len(targets):
-        raise MtError(f"{len(sources)} sources but {len(targets)} targets; they must be line-aligned")
+    check_aligned("the source list", len(sources), "the target list", len(targets))
     model = loaded.model
     srcs = loaded.src_tok.encode([s.strip() for s in sources])
     tgts = loaded.tgt_tok.encode([t.strip() for t in targets])
@@ -37,9 +48,7 @@ def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: 
     batches = batch_by_tokens(lengths, batch_tokens or loaded.config.decode.batch_tokens)
     for idx in tqdm(batches, unit="batch", disable=not progress or not sys.stderr.isatty()):
         src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        tgt = pad([tgts[i] for i in idx], [BOS], [EOS]).to(device)
-        tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:]
-        tgt_in[tgt_in == EOS] = PAD  # a shorter row's EOS is an output, not an input
+        tgt_in, tgt_out = (t.to(device) for t in shift_targets([tgts[i] for i in idx]))
         logp = torch.log_softmax(model(src, tgt_in).float(), dim=-1)  # (B, T, V)
         token_logp = logp.gather(-1, tgt_out[:, :, None]).squeeze(-1)  # (B, T)
         totals = token_logp.masked_fill(tgt_out == PAD, 0.0).sum(dim=1)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from mt.errors import MtError
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
@@ -22,7 +24,7 @@ class Tokenizer:
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
         ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
         if ids != (PAD, UNK, BOS, EOS):
-            raise ValueError(
+            raise MtError(
                 f"SentencePiece model has special ids (pad, unk, bos, eos) = {ids}; mt needs {(PAD, UNK, BOS, EOS)}. "
                 "Train it with `mt prepare`."
             )
@@ -47,9 +49,6 @@ class Tokenizer:
         spm.set_random_generator_seed(seed)
         return self.sp.encode(list(lines), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1,
                               num_threads=1)
-
-    def encode_pieces(self, line: str) -> list[str]:
-        return self.sp.encode(line, out_type=str)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])

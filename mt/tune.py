@@ -8,19 +8,34 @@ written into the checkpoint's `decode` config: `mt translate` and `mt evaluate` 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sacrebleu
-import torch
 from tqdm import tqdm
 
-from mt import checkpoint
-from mt.checkpoint import Loaded, load_model
 from mt.errors import MtError
-from mt.lines import read_text
-from mt.translate import Options, translate_lines
+from mt.lines import check_aligned, read_text
+
+if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt --help` reads the defaults below
+    import torch
+
+    from mt.checkpoint import Loaded
 
 DEFAULT_BEAMS = (1, 5)
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
+
+
+def parse_grid(beams: str, penalties: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """`--beams 1,5 --len-penalties 0.6,1.0` as numbers; at least one of each, beams >= 1."""
+    try:
+        beam_list = tuple(int(b) for b in beams.split(","))
+        penalty_list = tuple(float(a) for a in penalties.split(","))
+    except ValueError:
+        raise MtError(f"--beams {beams!r} / --len-penalties {penalties!r}: expected comma-separated numbers, "
+                      "e.g. 1,5") from None
+    if min(beam_list) < 1:
+        raise MtError(f"--beams {beams!r}: each beam size must be at least 1")
+    return beam_list, penalty_list
 
 
 def grid(beams: tuple[int, ...], penalties: tuple[float, ...]) -> list[tuple[int, float]]:
@@ -36,6 +51,8 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
          beams: tuple[int, ...] = DEFAULT_BEAMS, penalties: tuple[float, ...] = DEFAULT_PENALTIES,
          progress: bool = True) -> list[dict]:
     """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster)."""
+    from mt.translate import Options, translate_lines
+
     results = []
     for beam, alpha in tqdm(grid(beams, penalties), desc="tune", unit="setting", disable=not progress):
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha)
@@ -48,6 +65,8 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
 
 def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path) -> None:
     """Write `loaded`'s checkpoint to `out` with `best`'s beam and length penalty as its decode defaults."""
+    from mt import checkpoint
+
     state = dict(loaded.state)
     state["config"] = {**state["config"], "decode": {**state["config"]["decode"], "beam": best["beam"],
                                                     "len_penalty": best["len_penalty"]}}
@@ -55,20 +74,30 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
     checkpoint.save(state, out)
 
 
-def tune_checkpoint(path: str | Path, out: str | Path, device: torch.device, src: str | Path | None = None,
-                    ref: str | Path | None = None, beams: tuple[int, ...] = DEFAULT_BEAMS,
-                    penalties: tuple[float, ...] = DEFAULT_PENALTIES, progress: bool = True) -> list[dict]:
+def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str, penalties: str,
+                    device: str = "auto", progress: bool = True) -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
-    and write it to `out` with the best setting as its decode defaults. Returns every setting's BLEU, best first."""
+    over the comma-separated `beams` and `penalties`, and write it to `out` with the best setting as its decode
+    defaults. Returns every setting's BLEU, best first."""
+    from mt.checkpoint import load_model
+    from mt.device import pick_device
+
     if (src is None) != (ref is None):
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
-    if not beams or min(beams) < 1 or not penalties:
-        raise MtError(f"beams {beams} and length penalties {penalties}: need at least one of each, beams >= 1")
-    loaded = load_model(path, device)
+    beam_list, penalty_list = parse_grid(beams, penalties)
+    dev = pick_device(device)
+    loaded = load_model(path, dev)
     sources, refs = held_out(loaded, src, ref)
-    results = tune(loaded, sources, refs, device, beams, penalties, progress)
+    results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress)
     save_tuned(loaded, results[0], results, out)
     return results
+
+
+def summary(results: list[dict], out: Path) -> str:
+    """What `mt tune` prints: each setting's BLEU, best first, then the choice written to `out`."""
+    lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}  BLEU {r['bleu']:6.2f}" for r in results]
+    lines.append(f"{out}: decodes with beam {results[0]['beam']}, len_penalty {results[0]['len_penalty']}")
+    return "\n".join(lines)
 
 
 def held_out(loaded: Loaded, src: str | Path | None = None,
@@ -81,6 +110,5 @@ def held_out(loaded: Loaded, src: str | Path | None = None,
             raise MtError(f"{src}: not found; the checkpoint's data directory ({data}, relative to the "
                           "working directory) has no valid split here. Pass --src and --ref")
     sources, refs = read_text(src), read_text(ref)
-    if len(sources) != len(refs):
-        raise MtError(f"{src} has {len(sources)} lines but {ref} has {len(refs)}; they must be line-aligned")
+    check_aligned(src, len(sources), ref, len(refs))
     return sources, refs

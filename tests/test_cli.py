@@ -94,7 +94,18 @@ def test_bad_input_is_a_one_line_error_with_exit_code_2(tmp_path):
     assert result.returncode == 2 and "none.pt" in result.stderr
 
 
-def test_version_and_help():
-    assert mt("--version").stdout.startswith("mt ")
-    for command in ("prepare", "train", "translate", "evaluate"):
-        assert "--help" in mt(command, "--help").stdout
+def test_version_and_each_commands_usage_from_the_installed_entry_point():
+    from mt import __version__
+
+    assert mt("--version").stdout == f"mt {__version__}\n"
+    for command in ("prepare", "train", "translate", "evaluate", "average", "tune", "report", "score"):
+        assert mt(command, "--help").stdout.startswith(f"Usage: mt {command} [OPTIONS]")
+
+
+def test_the_command_line_starts_without_importing_torch():
+    # `mt --help` and the defaults the CLI reads from the library must not wait for torch to load.
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", "import mt.cli"], capture_output=True,
+                            text=True, check=True)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
+    assert "mt.prepare" in imported and "mt.tune" in imported
+    assert not [name for name in imported if name.split(".")[0] == "torch"]

@@ -31,12 +31,3 @@ def test_help_lists_the_commands_and_shows_defaults():
     # Defaults written into the help text by hand survive the formatting too.
     assert "[default: stdin]" in runner.invoke(app, ["translate", "--help"], terminal_width=200).stdout
 
-
-def test_mt_tune_without_grid_options_tries_the_library_grid():
-    # The CLI spells the grid as strings (it imports mt.tune, and torch with it, only when the command runs).
-    from mt.tune import DEFAULT_BEAMS, DEFAULT_PENALTIES
-
-    tune = typer.main.get_command(app).commands["tune"]
-    defaults = {param.name: param.default for param in tune.params}
-    assert tuple(int(b) for b in defaults["beams"].split(",")) == DEFAULT_BEAMS
-    assert tuple(float(a) for a in defaults["len_penalties"].split(",")) == DEFAULT_PENALTIES

@@ -238,7 +238,7 @@ def test_clean_counts_are_exact():
         "too_long": 1,
         "ratio": 1,
         "duplicates": 2,
-        "too_many_tokens": 0,
+        "too_many_pieces": 0,
         "kept": 4,
     }
 

@@ -1,8 +1,7 @@
 import pytest
 
 from mt.errors import MtError
-from mt.evaluate import render, score, score_files
-from mt.lines import read_text
+from mt.evaluate import evaluate, render, score
 
 
 def test_scores_come_with_signatures():
@@ -25,14 +24,21 @@ def test_identical_output_scores_100_and_lowercase_ignores_case():
 def test_mismatched_files_are_an_error_naming_both(tmp_path):
     (tmp_path / "h").write_text("a\nb\n")
     (tmp_path / "r").write_text("a\n")
-    with pytest.raises(MtError, match=r"h has 2 lines but .*r has 1"):
-        score_files(tmp_path / "h", tmp_path / "r")
+    with pytest.raises(MtError, match=r"h has 2 lines but .*r has 1; they must be line-aligned"):
+        evaluate(tmp_path / "r", hyp=tmp_path / "h")
+    with pytest.raises(MtError, match="hypothesis list has 2 lines but the reference list has 1"):
+        score(["a", "b"], ["a"])
 
 
-def test_read_text_keeps_lines_exactly(tmp_path):
-    path = tmp_path / "t"
-    path.write_bytes("\ufeffone\r\n\r\nthree\x0bstill three\n".encode())
-    assert read_text(path) == ["one", "", "three\x0bstill three"]
-    path.write_bytes(b"ok\n\xff\n")
-    with pytest.raises(MtError, match="line 2: not valid UTF-8"):
-        read_text(path)
+def test_a_hypothesis_file_is_scored_as_its_lines(tmp_path):
+    (tmp_path / "h").write_bytes(b"\xef\xbb\xbfthe cat sat\r\na dog\r\n")
+    (tmp_path / "r").write_text("the cat sat\na dog barks\n")
+    assert evaluate(tmp_path / "r", hyp=tmp_path / "h") == score(["the cat sat", "a dog"], ["the cat sat", "a dog barks"])
+
+
+def test_give_either_a_hypothesis_file_or_a_checkpoint_with_its_source(tmp_path):
+    (tmp_path / "r").write_text("a\n")
+    with pytest.raises(MtError, match="give either --hyp FILE, or --checkpoint C with --src FILE"):
+        evaluate(tmp_path / "r")
+    with pytest.raises(MtError, match="--checkpoint needs --src FILE"):
+        evaluate(tmp_path / "r", checkpoint=tmp_path / "c.pt")

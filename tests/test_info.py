@@ -53,6 +53,6 @@ def test_mt_info_command(saved, tmp_path):
     result = runner.invoke(app, ["info", str(path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["parameters"] == describe(path)["parameters"]
-    assert "parameters" in runner.invoke(app, ["info", str(path)]).stdout
+    assert runner.invoke(app, ["info", str(path)]).stdout == render(describe(path)) + "\n"
     missing = runner.invoke(app, ["info", str(tmp_path / "none.pt")])
     assert missing.exit_code == 2 and "none.pt" in missing.output

@@ -121,10 +121,10 @@ def test_prepare_writes_a_consistent_directory(tmp_path, handmade):
         "too_long": 1,
         "ratio": 1,
         "duplicates": 1,
-        "too_many_tokens": 0,
+        "too_many_pieces": 0,
         "kept": 48,
     }
-    assert meta["filters"] == {"max_words": 250, "max_ratio": 9.0, "max_tokens": 256, "dedup": True}
+    assert meta["filters"] == {"max_words": 250, "max_ratio": 9.0, "max_pieces": 254, "dedup": True}
     assert meta["inputs"]["valid"] == {
         "format": "text",
         "src": handmade["valid"] + ".de",
@@ -138,9 +138,9 @@ def test_prepare_writes_a_consistent_directory(tmp_path, handmade):
     )
 
 
-def test_max_tokens_drops_long_training_pairs_only(tmp_path, handmade):
+def test_max_pieces_drops_long_training_pairs_only(tmp_path, handmade):
     out = tmp_path / "prepared"
-    meta = prepare(out, "de", "en", **handmade, vocab_size=120, max_tokens=17, progress=False)
+    meta = prepare(out, "de", "en", **handmade, vocab_size=120, max_pieces=17, progress=False)
     tokenizer = Tokenizer.load(out / "spm.model")
     cleaned = GOOD + [GOOD[0]]  # what survives the other filters (no dedup here)
     lengths = [
@@ -149,7 +149,7 @@ def test_max_tokens_drops_long_training_pairs_only(tmp_path, handmade):
     ]
     long_pairs = sum(n > 17 for n in lengths)
     assert 0 < long_pairs < len(cleaned)  # the test only means something if some, not all, are too long
-    assert meta["cleaning"]["too_many_tokens"] == long_pairs
+    assert meta["cleaning"]["too_many_pieces"] == long_pairs
     assert meta["cleaning"]["kept"] == meta["splits"]["train"]["pairs"] == len(cleaned) - long_pairs
     for side in ("src", "tgt"):
         _, offsets = load_split(out, "train", side)
@@ -256,8 +256,8 @@ def test_argument_errors(tmp_path, handmade):
         prepare(out, "de", "en", train=handmade["train"], vocab_size=10, progress=False)
     with pytest.raises(MtError, match="no training pairs left after cleaning"):
         prepare(out, "de", "en", train=write_prefix(tmp_path / "empty", [("", "x")]), progress=False)
-    with pytest.raises(MtError, match="no training pair has at most 2 tokens a side"):
-        prepare(out, "de", "en", train=handmade["train"], vocab_size=120, max_tokens=2, progress=False)
+    with pytest.raises(MtError, match="no training pair has at most 2 pieces a side"):
+        prepare(out, "de", "en", train=handmade["train"], vocab_size=120, max_pieces=2, progress=False)
     assert not out.exists()
 
 
@@ -319,11 +319,11 @@ def test_ids_are_written_in_blocks_that_add_up_to_the_whole(tmp_path, monkeypatc
 
 def test_subword_samples_are_other_segmentations_of_the_same_training_pairs(tmp_path, handmade):
     out = tmp_path / "prepared"
-    meta = prepare(out, "de", "en", **handmade, vocab_size=120, max_tokens=17, subword_samples=3, subword_alpha=0.1,
+    meta = prepare(out, "de", "en", **handmade, vocab_size=120, max_pieces=17, subword_samples=3, subword_alpha=0.1,
                    progress=False)
     tokenizer = Tokenizer.load(out / "spm.model")
     kept = meta["splits"]["train"]["pairs"]
-    assert 0 < meta["cleaning"]["too_many_tokens"] and kept == meta["cleaning"]["kept"]  # the filter did drop some
+    assert 0 < meta["cleaning"]["too_many_pieces"] and kept == meta["cleaning"]["kept"]  # the filter did drop some
     assert meta["subword_sampling"]["samples"] == 3 and meta["subword_sampling"]["alpha"] == 0.1
     for side in ("src", "tgt"):
         best = [ids.tolist() for ids in _sentences(out, "train", side)]
@@ -337,7 +337,7 @@ def test_subword_samples_are_other_segmentations_of_the_same_training_pairs(tmp_
     assert "train sampled 3 times more (alpha 0.1)" in summary(meta)
 
     # Repeatable: the sampler is seeded.
-    again = prepare(tmp_path / "again", "de", "en", **handmade, vocab_size=120, max_tokens=17, subword_samples=3,
+    again = prepare(tmp_path / "again", "de", "en", **handmade, vocab_size=120, max_pieces=17, subword_samples=3,
                     subword_alpha=0.1, progress=False)
     assert again["subword_sampling"] == meta["subword_sampling"]
     assert (tmp_path / "again/train-sample2.tgt.ids.npy").read_bytes() == (out / "train-sample2.tgt.ids.npy").read_bytes()

@@ -3,7 +3,7 @@ damaged checkpoint, skipping non-finite steps, and bad input at the command line
 naming the file, no partial output).
 
 Subprocesses are used only where the process boundary is the point (signals); the command-line checks run the
-real Typer app in-process with `CliRunner`, which exercises the same code without a 2 s torch import each.
+real Typer app in-process with `CliRunner`, which exercises the same code without importing torch anew each time.
 """
 
 import json
@@ -391,3 +391,21 @@ def test_mt_translate_gives_one_line_per_line_for_arbitrary_input(model_path, li
     assert result.stdout.count("\n") == len(lines)
     assert all(not line.strip() for line, src in zip(result.stdout.split("\n"), lines, strict=False)
                if not src.decode("utf-8", "replace").strip())
+
+
+def test_every_commands_mistakes_are_one_error_line_with_exit_code_2(tmp_path):
+    (tmp_path / "hyp").write_text("a\nb\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("a\n", encoding="utf-8")
+    missing = tmp_path / "none.pt"
+    assert_one_line_error(invoke("evaluate", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "ref"),
+                          f"{tmp_path / 'hyp'} has 2 lines but {tmp_path / 'ref'} has 1")
+    assert_one_line_error(invoke("evaluate", "--ref", tmp_path / "ref"), "give either --hyp FILE")
+    assert_one_line_error(invoke("score", "-c", missing, "-s", tmp_path / "hyp", "-t", tmp_path / "ref"),
+                          "line-aligned")
+    assert_one_line_error(invoke("tune", "-c", missing, "-o", missing, "--beams", "one"), "--beams 'one'")
+    assert_one_line_error(invoke("average", tmp_path, "-o", missing, "--last", "2"), "no checkpoint-STEP.pt files")
+    assert_one_line_error(invoke("report", tmp_path), f"{tmp_path / 'final.pt'}: not found")
+    assert_one_line_error(invoke("info", missing), str(missing))
+    assert_one_line_error(invoke("plot", tmp_path), f"{tmp_path / 'log.jsonl'}: not found")
+    assert_one_line_error(invoke("prepare"), "name a corpus")
+    assert not missing.exists()

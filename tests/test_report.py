@@ -1,0 +1,55 @@
+"""The report of a finished run: test scores with signatures, training time, steps and epochs, written once."""
+
+import json
+
+import pytest
+
+from mt import checkpoint
+from mt.errors import MtError
+from mt.evaluate import score
+from mt.lines import read_text
+from mt.prepare import prepare
+from mt.report import report_run
+from mt.train import train
+
+from .conftest import write_corpus
+from .test_train import small_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = write_corpus(tmp_path_factory.mktemp("corpus"), n_train=200, n_valid=12)
+    data = root / "data"
+    prepare(data, "de", "en", train=str(root / "train"), valid=str(root / "valid"), test=str(root / "valid"),
+            vocab_size=40, progress=False)
+    out = root / "run"
+    train(small_config(data, max_steps=12, valid_every=6), out, progress=False)
+    return out
+
+
+def test_the_report_scores_the_test_split_and_is_written_beside_the_run(run):
+    report = report_run(run, run / "best.pt", "cpu")
+    assert json.loads((run / "report.json").read_text(encoding="utf-8")) == report
+    data = checkpoint.load(run / "best.pt")["config"]["data"]
+    hyps, refs = read_text(run / "test.hyp.txt"), read_text(f"{data}/test.tgt.txt")
+    assert report["test"]["sentences"] == len(refs) == len(hyps) == 12
+    cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
+    assert (report["bleu"], report["bleu_lc"], report["chrf"]) == (cased["bleu"]["score"],
+                                                                  lower["bleu"]["score"], cased["chrf"]["score"])
+    assert report["signatures"]["bleu_lc"] == lower["bleu"]["signature"]
+    last = checkpoint.load(run / "last.pt")["train"]["position"]
+    assert report["steps"] == last["step"] == 12
+    assert last["epoch"] <= report["epochs"] <= last["epoch"] + 1  # whole epochs and a share of the current one
+
+
+def test_a_missing_final_checkpoint_says_how_to_make_it(run):
+    with pytest.raises(MtError, match=rf"{run / 'final.pt'}: not found; make it first, e.g. `mt average"):
+        report_run(run, None, "cpu")
+
+
+def test_data_without_a_test_split_is_a_clear_error(tmp_path, run):
+    state = checkpoint.load(run / "best.pt")
+    state["config"] = {**state["config"], "data": str(tmp_path)}
+    checkpoint.save(state, tmp_path / "final.pt")
+    with pytest.raises(MtError, match="no test split .*prepare the data with --test"):
+        report_run(run, tmp_path / "final.pt", "cpu")
