@@ -145,8 +145,6 @@ def translate(
         fail(str(e), e.exit_code)
 
 
-
-
 @app.command()
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
@@ -209,14 +207,6 @@ def report(
     from mt.report import report_run
 
     typer.echo(json.dumps(report_run(run_dir, checkpoint, device), indent=2, ensure_ascii=False))
-
-
-def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
-    from mt.translate import translate_file as run
-
-    return run(checkpoint, src, beam, device)
-
-
 
 
 @app.command()

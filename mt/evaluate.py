@@ -33,21 +33,14 @@ def evaluate(ref: Path, hyp: Path | None = None, checkpoint: Path | None = None,
     if checkpoint is not None and src is None:
         raise MtError("--checkpoint needs --src FILE (the sentences to translate)")
     refs = read_text(ref)
-    hyps = read_text(hyp) if hyp is not None else translate_file(checkpoint, src, beam, device)
+    if hyp is not None:
+        hyps = read_text(hyp)
+    else:
+        from mt.translate import translate_file  # torch: imported only when there is something to translate
+
+        hyps = translate_file(checkpoint, src, beam, device)
     check_aligned(hyp or src, len(hyps), ref, len(refs))
     return score(hyps, refs, lowercase)
-
-
-def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
-    """The translation of each line of `src` by `checkpoint`, with its decode defaults (or `beam`)."""
-    from mt.checkpoint import load_model  # torch: imported only when there is something to translate
-    from mt.device import pick_device
-    from mt.translate import Options, translate_stream
-
-    sources = read_text(src)
-    dev = pick_device(device)
-    loaded = load_model(checkpoint, dev)
-    return list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode, beam=beam), dev))
 
 
 def render(report: dict, as_json: bool = False) -> str:

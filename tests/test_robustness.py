@@ -190,17 +190,17 @@ def test_a_full_disk_is_a_clear_error_that_keeps_the_previous_checkpoint(tmp_pat
 
 
 def test_a_non_finite_loss_skips_the_update_and_is_counted(data, tmp_path, monkeypatch):
-    real_loss = mt.model.output_loss  # the training loss (model(src, tgt, target, smoothing) returns it)
+    real_forward = mt.model.Transformer.forward  # with a target, the training loss
     calls = {"training": 0}
 
-    def loss_with_two_bad_batches(*args):
-        loss = real_loss(*args)
-        if not torch.is_grad_enabled():  # validation
+    def forward_with_two_bad_batches(self, src, tgt, target=None, smoothing=0.0):
+        loss = real_forward(self, src, tgt, target, smoothing)
+        if target is None or not torch.is_grad_enabled():  # validation
             return loss
         calls["training"] += 1
         return loss * float("nan") if calls["training"] in (3, 4) else loss
 
-    monkeypatch.setattr(mt.model, "output_loss", loss_with_two_bad_batches)
+    monkeypatch.setattr(mt.model.Transformer, "forward", forward_with_two_bad_batches)
     run = tmp_path / "run"
     cfg = config(data, max_steps=10, max_tokens=128)
     assert len(epoch_batches(Split(data, "train"), 128, cfg.model.max_len, cfg.train.seed, 0)) > 12
