@@ -21,6 +21,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -183,12 +184,16 @@ class Check:
             return step, ""
         print(f"gpu-check: {name}", file=sys.stderr, flush=True)
         started = time.perf_counter()
-        try:
-            done = subprocess.run(argv, cwd=self.work, env=self.env, capture_output=True, text=True, timeout=timeout)
-            code, out, err = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as e:
-            code, out = None, text(e.stdout)
-            err = text(e.stderr) + f"\ntimed out after {timeout:.0f} s"
+        # A session of its own, so that a step out of time is stopped with its children (torchrun's workers).
+        with subprocess.Popen(argv, cwd=self.work, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) as process:
+            try:
+                out, err = process.communicate(timeout=timeout)
+                code = process.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                out, err = process.communicate()
+                code, err = None, err + f"\ntimed out after {timeout:.0f} s"
         step |= {"seconds": round(time.perf_counter() - started, 1), "exit_code": code, "ok": code == 0}
         if code != 0:
             step["stderr_tail"] = err[-2000:]
@@ -277,11 +282,8 @@ class Check:
                  for arg in (option, value)]
         step, out = self.run(f"bench {kind} {preset}", self.mt(*args))
         if step["ok"]:
-            self.judge(step, check_bench(parse_json(out), self.plan.device))
-
-
-def text(output: str | bytes | None) -> str:
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+            asked = self.plan.bench_options.get("--device") if "--device" in offered else None
+            self.judge(step, check_bench(parse_json(out), self.plan.device, asked))
 
 
 def parse_json(out: str) -> dict | None:
@@ -300,11 +302,12 @@ def last_validation(path: Path) -> dict:
     return {k: round(v, 3) for k, v in entries[-1].items() if k.startswith("valid_")} if entries else {}
 
 
-def check_bench(result: dict | None, device: str) -> dict:
-    """A benchmark's result, and whether it measured the device this check is about."""
+def check_bench(result: dict | None, device: str, asked: str | None = None) -> dict:
+    """A benchmark's result, and whether it measured the device this check is about: the one the result names, else
+    the one its --device option was `asked` for, else the CPU (mt bench without --device runs there)."""
     if result is None:
         return {"problems": ["printed no JSON"]}
-    ran_on = str(result.get("device", "cpu")).split(":")[0]
+    ran_on = str(result.get("device") or asked or "cpu").split(":")[0]
     problems = [] if ran_on == device else [f"measured the {ran_on}, not {device} (mt bench offers no --device?)"]
     return {"result": result, "problems": problems}
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,7 @@ def test_translation_must_give_one_line_per_input_line(tmp_path):
 def test_a_benchmark_that_measured_the_cpu_fails_a_gpu_check():
     assert gpu_check.check_bench({"tgt_tok_per_s": 1.0, "device": "cuda:0"}, "cuda")["problems"] == []
     assert "measured the cpu" in gpu_check.check_bench({"tgt_tok_per_s": 1.0}, "cuda")["problems"][0]
+    assert gpu_check.check_bench({"tgt_tok_per_s": 1.0}, "cuda", asked="cuda")["problems"] == []
     assert gpu_check.check_bench({"tgt_tok_per_s": 1.0}, "cpu")["problems"] == []
     assert gpu_check.check_bench(None, "cpu")["problems"] == ["printed no JSON"]
 
@@ -98,10 +100,17 @@ def test_a_failed_step_is_reported_with_its_stderr_and_the_steps_needing_it_are_
     assert ran["ok"] is True and gpu_check.parse_json(out) == {"x": 1}
 
 
-def test_out_of_budget_steps_are_skipped_not_run(tmp_path):
-    check = gpu_check.Check(gpu_check.make_plan("cpu", None, False, False), tmp_path, None, budget=0)
-    step, _ = check.run("late", [sys.executable, "-c", "raise SystemExit(3)"])
-    assert step["ok"] is None and "out of time" in step["skipped"]
+def test_a_step_past_the_budget_is_stopped_and_those_after_it_are_skipped(tmp_path):
+    check = gpu_check.Check(gpu_check.make_plan("cpu", None, False, False), tmp_path, None, budget=2)
+    # The step's child sleeps on: stopped with it, the pipe closes and the check goes on.
+    hangs = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+            "time.sleep(60)"
+    started = time.monotonic()
+    step, _ = check.run("hangs", [sys.executable, "-c", hangs])
+    assert time.monotonic() - started < 30
+    assert step["ok"] is False and step["exit_code"] is None and "timed out" in step["stderr_tail"]
+    late, _ = check.run("late", [sys.executable, "-c", "raise SystemExit(3)"])
+    assert late["ok"] is None and "out of time" in late["skipped"]
 
 
 def test_the_report_is_printed_and_the_exit_code_is_1_when_a_step_fails(tmp_path, monkeypatch, capsys):
