@@ -62,7 +62,7 @@ def make_plan(device: str, steps: int | None, quick: bool, bf16: bool) -> Plan:
                 "train.valid_bleu=false", "decode.beam=1"]
         return Plan("cpu", steps or 24, 8, 4, ("fp32", "bf16"), ("small",), "fp32", tiny,
                     {"--runs": "1", "--steps": "2", "--batch": "8", "--sentences": "8", "--beam": "1"})
-    steps = steps or (150 if quick else 400)
+    steps = steps or (200 if quick else 400)
     precisions = ("bf16", "fp16") if bf16 else ("fp16",)
     presets = ("small",) if quick else ("small", "base")
     return Plan("cuda", steps, 50 if quick else 100, 20 if quick else 50, precisions, presets,
@@ -210,7 +210,7 @@ class Check:
 
     def offered(self, *command: str) -> set[str]:
         """The options a command offers, read from its --help (options may be renamed while mt changes)."""
-        done = subprocess.run(self.mt(*command, "--help"), env=self.env, capture_output=True, text=True)
+        done = subprocess.run(self.mt(*command, "--help"), env=self.env, capture_output=True, text=True, timeout=60)
         return set(re.findall(r"--[a-z][a-z0-9-]*", done.stdout))
 
     def pipeline(self) -> None:
@@ -317,7 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mirror", type=Path, help="directory holding multi30k/*.gz [default: $MT_MIRROR]")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the same steps at tiny sizes, to test this check without a GPU")
-    parser.add_argument("--steps", type=int, help="training steps per precision [default: 400; 150 with --quick]")
+    parser.add_argument("--steps", type=int, help="training steps per precision [default: 400; 200 with --quick]")
     parser.add_argument("--quick", action="store_true", help="fewer steps, small bench presets only")
     parser.add_argument("--work", type=Path, help="keep the data and runs here [default: a temporary directory]")
     parser.add_argument("--budget", type=float, default=540,
