@@ -8,7 +8,7 @@ export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 DATA   := data/prepared/multi30k_de_en
 RUN    := runs/demo
 
-.PHONY: install test demo recipe bench bench-compare lint clean
+.PHONY: install test demo recipe bench bench-compare gpu-check lint clean
 
 install: $(VENV)/.installed
 
@@ -58,11 +58,17 @@ recipe: install
 	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
 	$(BIN)/mt report $(RECIPE_RUN)
 
-# The standard grids, one process per setting; rewrite the README's benchmark tables (translation, training).
+# The standard grids, one process per setting; rewrite the benchmark tables (translation, training) in docs/.
 bench: install
 	test -f $(DATA)/meta.json || $(BIN)/mt prepare multi30k --src de --tgt en --out $(DATA)
-	$(BIN)/mt bench translate --grid --readme README.md
-	$(BIN)/mt bench train --grid --readme README.md --data $(DATA)
+	$(BIN)/mt bench translate --grid --readme docs/benchmarks.md
+	$(BIN)/mt bench train --grid --readme docs/benchmarks.md --data $(DATA)
+
+# The whole pipeline on this machine's GPU, one JSON report (benchmarks/gpu_check.py). It runs with the Python and
+# torch found here and installs nothing (no install, no .venv): a GPU machine may have torch and no package index.
+# Multi30k from MT_MIRROR=DIR (holding multi30k/*.gz); GPU_CHECK=--quick for a shorter run. Without CUDA it says so.
+gpu-check:
+	@PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK)
 
 # mt against Hugging Face generate and CTranslate2, side by side (installs the optional extra).
 bench-compare: install

@@ -1,5 +1,8 @@
-"""How `make recipe` launches training: one process, or on a CPU one single-thread process per core."""
+"""The Makefile's recipes: how `make recipe` launches training (one process, or on a CPU one single-thread process per
+core), `make gpu-check` runs with the Python it finds, `make bench` writes docs/benchmarks.md."""
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,3 +40,31 @@ def test_one_process_trains_with_the_config_as_it_is():
     command = train_command("PROCS=1")
     assert "torchrun" not in command and "max_tokens" not in command
     assert ".venv/bin/mt train configs/multi30k_en_de.yaml --out runs/multi30k_en_de_s7 --set train.seed=7" in command
+
+
+def dry_run(target: str, *variables: str) -> list[str]:
+    """The commands `make TARGET` would run, without running them."""
+    out = subprocess.run(["make", "-n", target, *variables], cwd=ROOT, capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+@needs_make
+def test_gpu_check_runs_the_python_it_is_given_with_the_repo_on_its_path_and_installs_nothing():
+    commands = dry_run("gpu-check", "PYTHON=/opt/torch/bin/python3", "GPU_CHECK=--quick")
+    assert commands == [f"PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} /opt/torch/bin/python3 "
+                        "benchmarks/gpu_check.py --quick"]
+
+
+@needs_make
+def test_gpu_check_without_cuda_says_so_and_succeeds():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")} | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={sys.executable}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["gpu_check"] == "skipped"
+
+
+@needs_make
+def test_bench_writes_its_tables_into_the_docs_not_the_readme():
+    commands = [c for c in dry_run("bench") if " bench " in c]
+    assert len(commands) == 2 and all("--grid --readme docs/benchmarks.md" in c for c in commands)
