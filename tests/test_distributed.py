@@ -8,16 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import yaml
 
 from mt import checkpoint, distributed
-from mt.config import Config, ModelConfig, to_dict
-from mt.data import Split, collate
-from mt.train import Prefetch, resume_config, step_batches, target_tokens, train
+from mt.config import Config, ModelConfig, resume_config, to_dict
+from mt.train import train
 
 from .conftest import prepare_corpus
 
@@ -46,43 +44,6 @@ def config(data: Path, **train_changes) -> Config:
     for key, value in train_changes.items():
         setattr(t, key, value)
     return cfg
-
-
-# ---------------------------------------------------------------------------------------------- the data split
-
-
-def test_ranks_split_each_step_as_one_process_accumulates_it(prepared):
-    split = Split(prepared, "train")
-    one = step_batches([split], config(prepared, accumulate=4), 0, 0, world=1, rank=0)
-    ranks = [step_batches([split], config(prepared, accumulate=2), 0, 0, world=2, rank=r) for r in (0, 1)]
-    for _ in range(16):  # a few epochs: the steps roll over epochs at the same points
-        single, *per_rank = next(one), *(next(r) for r in ranks)
-        for step in per_rank:
-            assert (step.epoch, step.batch, step.n_tokens) == (single.epoch, single.batch, single.n_tokens)
-        # Rank r trains on the r-th, (r + 2)-th, ... of the step's batches; together, exactly the step's batches.
-        assert [b.src.tolist() for b in single.group] == [
-            per_rank[i % 2].group[i // 2].src.tolist() for i in range(4)]
-        assert single.n_tokens == sum(b.n_tgt_tokens for b in single.group)
-    assert single.epoch >= 2
-
-
-def test_target_tokens_are_counted_from_the_lengths_as_collate_counts_them(prepared):
-    split = Split(prepared, "train")
-    for max_len in (32, 6):  # 6: most targets are cut to fit
-        for indices in np.array_split(np.arange(len(split)), 20):
-            assert target_tokens(split.tgt_lens, indices, max_len) == collate(split, indices, max_len).n_tgt_tokens
-
-
-def test_prefetch_keeps_the_order_and_raises_the_producers_error():
-    def items():
-        yield from range(5)
-        raise ValueError("bad batch")
-
-    prefetch = Prefetch(items(), depth=2)
-    assert [prefetch.next() for _ in range(5)] == list(range(5))
-    with pytest.raises(ValueError, match="bad batch"):
-        prefetch.next()
-    prefetch.close()
 
 
 def test_rank_0_validates_on_the_cores_of_the_ranks_waiting_for_it(monkeypatch):
