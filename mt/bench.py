@@ -1,8 +1,12 @@
-"""Translation throughput, measured the same way on any machine: `mt bench translate`.
+"""Translation and training throughput, measured the same way on any machine: `mt bench translate|train`.
 
-Random-weight presets do the same work as trained models because the output length is fixed (EOS is barred
-until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real test set
-at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
+Translation: random-weight presets do the same work as trained models because the output length is fixed (EOS
+is barred until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real
+test set at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
+
+Training: `train_step` on the model `mt train` trains (`mt.fast.for_training`), on fixed-shape batches or a
+prepared corpus's real ones, reported with its FLOPs and MFU against the machine's own matmul peak.
+`write_readme_table` puts a table between markers in any markdown file (`--readme docs/benchmarks.md`).
 """
 
 from __future__ import annotations

@@ -31,14 +31,15 @@ class Split:
     """One split of a prepared corpus: sentence i is src_ids[src_off[i]:src_off[i+1]] (and likewise tgt)."""
 
     def __init__(self, data_dir: str | Path, split: str):
-        d = Path(data_dir)
-        missing = [p for p in (d / f"{split}.src.ids.npy", d / f"{split}.tgt.ids.npy") if not p.is_file()]
+        data_dir = Path(data_dir)
+        missing = [p for p in (data_dir / f"{split}.src.ids.npy", data_dir / f"{split}.tgt.ids.npy")
+                   if not p.is_file()]
         if missing:
-            raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {d}")
-        self.src_ids = np.load(d / f"{split}.src.ids.npy", mmap_mode="r")
-        self.tgt_ids = np.load(d / f"{split}.tgt.ids.npy", mmap_mode="r")
-        self.src_off = np.load(d / f"{split}.src.offsets.npy")
-        self.tgt_off = np.load(d / f"{split}.tgt.offsets.npy")
+            raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {data_dir}")
+        self.src_ids = np.load(data_dir / f"{split}.src.ids.npy", mmap_mode="r")
+        self.tgt_ids = np.load(data_dir / f"{split}.tgt.ids.npy", mmap_mode="r")
+        self.src_off = np.load(data_dir / f"{split}.src.offsets.npy")
+        self.tgt_off = np.load(data_dir / f"{split}.tgt.offsets.npy")
         self.name = split
 
     def __len__(self) -> int:
@@ -62,11 +63,11 @@ class Split:
 def train_splits(data_dir: str | Path) -> list[Split]:
     """The training data as the epochs take it in turn (epoch e: item e mod N): the copies segmented by sampling
     that `mt prepare --subword-samples N` wrote, or else the one split of best segmentations."""
-    d = Path(data_dir)
+    data_dir = Path(data_dir)
     copies: list[Split] = []
-    while (d / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
-        copies.append(Split(d, f"train-sample{len(copies) + 1}"))
-    return copies or [Split(d, "train")]
+    while (data_dir / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
+        copies.append(Split(data_dir, f"train-sample{len(copies) + 1}"))
+    return copies or [Split(data_dir, "train")]
 
 
 def epoch_split(splits: list[Split], epoch: int) -> Split:

@@ -34,15 +34,15 @@ def config(data: Path, **train_changes) -> Config:
     one thread (so that processes agree bit for bit) and fp32 (whose rounding is what the tolerances allow for)."""
     cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64,
                                                    dropout=0.0, max_len=32))
-    t = cfg.train
-    t.max_tokens, t.warmup, t.log_every, t.valid_bleu, t.threads, t.keep_checkpoints = 256, 10, 2, False, 1, 10
-    t.precision = "fp32"
+    train_cfg = cfg.train
+    train_cfg.max_tokens, train_cfg.warmup, train_cfg.log_every, train_cfg.valid_bleu = 256, 10, 2, False
+    train_cfg.threads, train_cfg.keep_checkpoints, train_cfg.precision = 1, 10, "fp32"
     # Adam is blind to the scale of the gradient except through eps: with a large eps the update is about
     # lr × gradient, so a loss normalised wrongly (say, without the × world that undoes DDP's averaging) changes
     # the weights visibly. The large lr keeps those updates well above float noise.
-    t.eps, t.lr = 1.0, 1.0
+    train_cfg.eps, train_cfg.lr = 1.0, 1.0
     for key, value in train_changes.items():
-        setattr(t, key, value)
+        setattr(train_cfg, key, value)
     return cfg
 
 
