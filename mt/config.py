@@ -184,6 +184,9 @@ def validate(cfg: Config) -> None:
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
+    for key, least in (("train.keep_checkpoints", 0), ("train.max_bad_steps", 1)):
+        if flat[key] < least:
+            raise MtError(f"{key}={flat[key]}: must be at least {least}")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from mt import checkpoint, distributed
-from mt.config import Config, TrainConfig, to_dict
+from mt.config import Config, TrainConfig, to_dict, validate
 from mt.data import (
     Batch,
     Prefetch,
@@ -178,11 +178,7 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
         resumed_from, saved = checkpoint.latest_resumable(out_dir, warn=rank == 0)
     elif (out_dir / checkpoint.LAST).is_file() or checkpoint.numbered(out_dir):
         raise MtError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
-    train_cfg = cfg.train
-    for key, value, least in (("keep_checkpoints", train_cfg.keep_checkpoints, 0),
-                              ("max_bad_steps", train_cfg.max_bad_steps, 1)):
-        if value < least:
-            raise MtError(f"train.{key}={value}: must be at least {least}")
+    validate(cfg)  # as load_config does, for a config built in code
     data_dir = Path(cfg.data)
     src_tok, tgt_tok, meta = load_tokenizers(data_dir)
     if saved is not None:
@@ -191,7 +187,7 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
     if saved is not None and to_dict(cfg)["model"] != saved["config"]["model"]:
         raise MtError(f"{resumed_from}: the model config differs from the run's; a resumed run keeps its model")
     has_valid = (data_dir / "valid.src.ids.npy").is_file()
-    return Run(cfg, out_dir, device, autocast_dtype(train_cfg.precision, device), rank, world, src_tok, tgt_tok,
+    return Run(cfg, out_dir, device, autocast_dtype(cfg.train.precision, device), rank, world, src_tok, tgt_tok,
                {"src": meta.get("src"), "tgt": meta.get("tgt")}, train_splits(data_dir),
                Split(data_dir, "valid") if has_valid else None,
                read_text(data_dir / "valid.tgt.txt") if has_valid else None,

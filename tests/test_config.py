@@ -43,6 +43,10 @@ def test_bad_values_name_the_key_and_what_is_allowed(tmp_path):
         load_config(None, ["train.patience=-1"])
     with pytest.raises(MtError, match="train.valid_beam=0: must be positive"):
         load_config(None, ["train.valid_beam=0"])
+    with pytest.raises(MtError, match="train.max_bad_steps=0: must be at least 1"):
+        load_config(None, ["train.max_bad_steps=0"])
+    with pytest.raises(MtError, match="train.keep_checkpoints=-1: must be at least 0"):
+        load_config(None, ["train.keep_checkpoints=-1"])
 
 
 def test_heads_must_divide_d_model():
