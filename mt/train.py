@@ -155,7 +155,7 @@ class TrainState:
 def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
     """Train per `cfg`, writing into `out_dir`; returns the last validation metrics ({} on ranks other than 0).
 
-    Started by torchrun as one of several processes, joins their process group for the run (see the top)."""
+    Started by torchrun as one of several processes, joins their process group for the run (mt/distributed.py)."""
     device = distributed.start(pick_device(cfg.train.device))
     try:
         run = open_run(cfg, Path(out_dir), device, resume, progress)
@@ -208,7 +208,7 @@ def build_state(run: Run) -> TrainState:
     state = TrainState(model, model, None, optimizer, scaler)
     if run.saved is not None:
         restore(run, state)
-    if run.rank > 0:  # a dropout stream of its own (see the top)
+    if run.rank > 0:  # a dropout stream of its own (see mt/distributed.py)
         torch.manual_seed(distributed.rank_seed(train_cfg.seed, run.rank, state.position.step))
     state.ddp = distributed.wrap(model, run.device)  # None in a single process
     state.wrapped = state.ddp or model
