@@ -62,12 +62,12 @@ def test_rank_0_validates_on_the_cores_of_the_ranks_waiting_for_it(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- two processes
 
-# Runs `mt train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only shows rank
-# 0's. The recorded model is the one the training step was given (the DDP wrapper).
+# Runs `mt.train.train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only shows
+# rank 0's. The recorded model is the one the training step was given (the DDP wrapper).
 RUNNER = """
 import os, sys, torch
 import mt.train
-from mt.cli import app
+from mt.config import load_config
 
 models = []
 real_step = mt.train.train_step
@@ -77,12 +77,8 @@ def recording_step(model, *args):
     return real_step(model, *args)
 
 mt.train.train_step = recording_step
-try:
-    app(sys.argv[2:], prog_name="mt")
-except SystemExit as e:
-    code = e.code
+mt.train.train(load_config(sys.argv[2]), sys.argv[3])
 torch.save(models[0].module.state_dict(), os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pt"))
-sys.exit(code)
 """
 
 
@@ -110,8 +106,7 @@ def test_two_processes_train_as_one_with_the_same_effective_batch(prepared, tmp_
                                                                        valid_every=4))), encoding="utf-8")
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             str(tmp_path / "runner.py"), str(ranks), "train", str(tmp_path / "ddp.yaml"),
-                             "--out", str(run)],
+                             str(tmp_path / "runner.py"), str(ranks), str(tmp_path / "ddp.yaml"), str(run)],
                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr
 
