@@ -141,16 +141,17 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join([head, *lines])
 
 
-def write_readme_table(readme: Path, name: str, table: str, command: str) -> None:
-    """Replace the block between `<!-- bench:NAME -->` markers in the README (added at the end if absent)."""
+def write_readme_table(path: Path, name: str, table: str, command: str) -> None:
+    """Replace the block between `<!-- bench:NAME -->` markers in the markdown file at `path` (added at the end if
+    absent; the file is created if missing)."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{start}\n`{command}`\n\n{table}\n{end}"
-    text = readme.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
     if start in text and end in text:
         text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
     else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    readme.write_text(text, encoding="utf-8")
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
+    path.write_text(text, encoding="utf-8")
 
 
 @dataclass

@@ -84,6 +84,10 @@ def test_readme_table_is_replaced_in_place(tmp_path):
     text = readme.read_text()
     assert text.count("<!-- bench:translate -->") == 1 and "| b |" in text and "| a |" not in text
     assert text.startswith("# x\n\nintro\n")
+    missing = tmp_path / "docs" / "benchmarks.md"  # any markdown file, made if missing
+    missing.parent.mkdir()
+    write_readme_table(missing, "train", "| c |", "cmd three")
+    assert missing.read_text() == "<!-- bench:train -->\n`cmd three`\n\n| c |\n<!-- /bench:train -->\n"
 
 
 def test_cli_json_output():
