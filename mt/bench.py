@@ -1,8 +1,12 @@
-"""Translation throughput, measured the same way on any machine: `mt bench translate`.
+"""Translation and training throughput, measured the same way on any machine: `mt bench translate|train`.
 
-Random-weight presets do the same work as trained models because the output length is fixed (EOS is barred
-until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real test set
-at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
+Translation: random-weight presets do the same work as trained models because the output length is fixed (EOS
+is barred until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real
+test set at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
+
+Training: `train_step` on the model `mt train` trains (`mt.fast.for_training`), on fixed-shape batches or a
+prepared corpus's real ones, reported with its FLOPs and MFU against the machine's own matmul peak.
+`write_readme_table` puts a table between markers in any markdown file (`--readme docs/benchmarks.md`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ import torch
 
 from mt.config import ModelConfig
 from mt.data import pad
-from mt.fast import for_inference
+from mt.device import autocast, autocast_dtype
+from mt.fast import for_inference, for_training
 from mt.model import Transformer, count_parameters
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import Options, autocast, translate_lines
+from mt.translate import Options, translate_lines
 
 PRESETS = {
     "small": dict(d_model=256, n_heads=4, n_enc_layers=3, n_dec_layers=3, d_ff=1024),
@@ -57,53 +62,53 @@ def preset_model(name: str, seed: int = 0) -> Transformer:
     return Transformer(cfg).eval()
 
 
-def bench_translate(b: TranslateBench) -> dict:
-    if b.threads:
-        torch.set_num_threads(b.threads)
-    n = b.sentences or max(b.batch, 16)
-    if b.checkpoint:
+def bench_translate(setting: TranslateBench) -> dict:
+    if setting.threads:
+        torch.set_num_threads(setting.threads)
+    n = setting.sentences or max(setting.batch, 16)
+    if setting.checkpoint:
         from mt.checkpoint import load_model
         from mt.lines import read_text
 
-        if not b.input:
+        if not setting.input:
             raise ValueError("--checkpoint needs --input FILE: the real sentences to translate")
-        loaded = load_model(b.checkpoint)
+        loaded = load_model(setting.checkpoint)
         parameters = count_parameters(loaded.model)
-        loaded.model = for_inference(loaded.model, b.precision)
-        lines = read_text(b.input)[:n]
-        opts = Options.from_config(loaded.config.decode, beam=b.beam, precision=b.precision)
-        opts.batch_tokens = b.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
+        loaded.model = for_inference(loaded.model, setting.precision)
+        lines = read_text(setting.input)[:n]
+        opts = Options.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
+        opts.batch_tokens = setting.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
         counted: list[int] = []
 
         def run() -> None:
             results = translate_lines(loaded, lines, opts, torch.device("cpu"))
             counted[:] = [sum(len(h[0].tokens) + 1 for h in results if h)]
     else:
-        model = preset_model(b.preset, b.seed)
+        model = preset_model(setting.preset, setting.seed)
         parameters = count_parameters(model)
-        model = for_inference(model, b.precision)
-        g = torch.Generator().manual_seed(b.seed)
-        srcs = [torch.randint(4, VOCAB, (b.src_len,), generator=g).tolist() for _ in range(n)]
-        batches = [pad(srcs[i:i + b.batch], [], [EOS]) for i in range(0, n, b.batch)]
-        counted = [n * b.tgt_len]
+        model = for_inference(model, setting.precision)
+        g = torch.Generator().manual_seed(setting.seed)
+        srcs = [torch.randint(4, VOCAB, (setting.src_len,), generator=g).tolist() for _ in range(n)]
+        batches = [pad(srcs[i:i + setting.batch], [], [EOS]) for i in range(0, n, setting.batch)]
+        counted = [n * setting.tgt_len]
 
         def run() -> None:
-            with autocast(b.precision, torch.device("cpu")):
+            with autocast(torch.bfloat16 if setting.precision == "bf16" else None, torch.device("cpu")):
                 for src in batches:  # exactly tgt_len tokens each: EOS barred before, forced at tgt_len + 1
-                    if b.beam == 1:
-                        greedy(model, src, 0.0, b.tgt_len + 1, min_len=b.tgt_len)
+                    if setting.beam == 1:
+                        greedy(model, src, 0.0, setting.tgt_len + 1, min_len=setting.tgt_len)
                     else:
-                        beam_search(model, src, b.beam, 0.6, 0.0, b.tgt_len + 1, min_len=b.tgt_len)
+                        beam_search(model, src, setting.beam, 0.6, 0.0, setting.tgt_len + 1, min_len=setting.tgt_len)
 
     run()  # warm-up: allocator, kernels, caches
     times = []
-    for _ in range(b.runs):
+    for _ in range(setting.runs):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
     median = statistics.median(times)
     return {
-        "bench": "translate", **asdict(b), "sentences": n, "threads": torch.get_num_threads(),
+        "bench": "translate", **asdict(setting), "sentences": n, "threads": torch.get_num_threads(),
         "cpu_matmul": cpu_matmul(), "parameters": parameters,
         "tgt_tokens": counted[0], "median_s": median, "min_s": min(times),
         "tgt_tok_per_s": counted[0] / median, "sent_per_s": n / median,
@@ -118,12 +123,12 @@ def grid() -> list[TranslateBench]:
             for p in ("small", "base") for beam in (1, 4) for batch in (1, 64) for prec in ("fp32", "bf16", "int8")]
 
 
-def run_isolated(kind: str, b: TranslateBench | TrainBench) -> dict:
+def run_isolated(kind: str, setting: TranslateBench | TrainBench) -> dict:
     """One setting in a fresh process (`mt bench KIND --json`), so no allocator, thread pool or cache state carries
     over from the settings before it. Fields left at their defaults are not passed."""
     args = [sys.executable, "-m", "mt", "bench", kind, "--json"]
-    for f in fields(b):
-        value = getattr(b, f.name)
+    for f in fields(setting):
+        value = getattr(setting, f.name)
         if value is not None and value != f.default:
             args += [f"--{f.name.replace('_', '-')}", str(value)]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
@@ -136,16 +141,17 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join([head, *lines])
 
 
-def write_readme_table(readme: Path, name: str, table: str, command: str) -> None:
-    """Replace the block between `<!-- bench:NAME -->` markers in the README (added at the end if absent)."""
+def write_readme_table(path: Path, name: str, table: str, command: str) -> None:
+    """Replace the block between `<!-- bench:NAME -->` markers in the markdown file at `path` (added at the end if
+    absent; the file is created if missing)."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{start}\n`{command}`\n\n{table}\n{end}"
-    text = readme.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
     if start in text and end in text:
         text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
     else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    readme.write_text(text, encoding="utf-8")
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
+    path.write_text(text, encoding="utf-8")
 
 
 @dataclass
@@ -230,34 +236,34 @@ def matmul_peak(precision: str, size: int = 2048, runs: int = 3) -> float:
     return 2 * size ** 3 / best
 
 
-def bench_train(b: TrainBench) -> dict:
+def bench_train(setting: TrainBench) -> dict:
     from mt.config import Config
     from mt.data import Batch, Split, collate, epoch_batches
     from mt.train import adam, train_step
 
-    if b.threads:
-        torch.set_num_threads(b.threads)
+    if setting.threads:
+        torch.set_num_threads(setting.threads)
     torch.manual_seed(0)
-    cfg = Config(model=ModelConfig(**PRESETS[b.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
-                                   dropout=b.dropout))
-    amp_dtype = torch.bfloat16 if b.precision == "bf16" else None
-    total = b.warmup + b.steps
-    if b.data:
-        split = Split(b.data, "train")
+    cfg = Config(model=ModelConfig(**PRESETS[setting.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
+                                   dropout=setting.dropout))
+    amp_dtype = autocast_dtype(setting.precision, torch.device("cpu"))
+    total = setting.warmup + setting.steps
+    if setting.data:
+        split = Split(setting.data, "train")
         cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
                                                                   int(split.tgt_ids.max()) + 1)
-        order = epoch_batches(split, b.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
+        order = epoch_batches(split, setting.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
         load_start = time.perf_counter()
         batches = [collate(split, idx, cfg.model.max_len) for idx in order]
         load_seconds = (time.perf_counter() - load_start) / len(batches)
     else:
         g = torch.Generator().manual_seed(0)
-        src = torch.randint(4, VOCAB, (b.batch, b.src_len), generator=g)
-        tgt = torch.randint(4, VOCAB, (b.batch, b.tgt_len + 1), generator=g)
+        src = torch.randint(4, VOCAB, (setting.batch, setting.src_len), generator=g)
+        tgt = torch.randint(4, VOCAB, (setting.batch, setting.tgt_len + 1), generator=g)
         src[:, -1] = EOS
-        fixed = Batch(src, tgt[:, :-1], tgt[:, 1:], b.batch * b.tgt_len)
+        fixed = Batch(src, tgt[:, :-1], tgt[:, 1:], setting.batch * setting.tgt_len)
         batches, load_seconds = [fixed] * total, 0.0
-    model = Transformer(cfg.model).train()
+    model = for_training(Transformer(cfg.model)).train()  # the model as `mt train` trains it
     optimizer = adam(list(model.parameters()), cfg.train)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     device = torch.device("cpu")
@@ -265,18 +271,18 @@ def bench_train(b: TrainBench) -> dict:
     for i, batch in enumerate(batches):
         start = time.perf_counter()
         train_step(model, optimizer, scaler, [batch], cfg, device, amp_dtype, 1e-4)
-        if i >= b.warmup:
+        if i >= setting.warmup:
             times.append(time.perf_counter() - start)
-    timed = batches[b.warmup:]
+    timed = batches[setting.warmup:]
     tgt_tokens = sum(x.n_tgt_tokens for x in timed)
     src_tokens = sum(int((x.src != 0).sum()) for x in timed)
     padded = sum(x.src.numel() + x.tgt_out.numel() for x in timed)
     flops = sum(train_flops(cfg.model, int((x.src != 0).sum()), x.n_tgt_tokens, x.src.size(1), x.tgt_out.size(1))
                 for x in timed)
     seconds = sum(times)
-    peak = matmul_peak(b.precision)
+    peak = matmul_peak(setting.precision)
     return {
-        "bench": "train", **asdict(b), "threads": torch.get_num_threads(), "cpu_matmul": cpu_matmul(),
+        "bench": "train", **asdict(setting), "threads": torch.get_num_threads(), "cpu_matmul": cpu_matmul(),
         "parameters": count_parameters(model),
         "median_step_s": statistics.median(times), "tgt_tok_per_s": tgt_tokens / seconds,
         "src_tok_per_s": src_tokens / seconds, "flops_per_tgt_token": flops / tgt_tokens,

@@ -3,7 +3,9 @@
 A checkpoint is a plain dict saved with `torch.save`:
   model: state_dict · config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} ·
   langs: {"src": "de", "tgt": "en"} · step · metrics ·
-  and, in the resumable checkpoints only, `train`: optimizer, scaler, position (step, epoch, batch), rng.
+  and, in the resumable checkpoints only, `train`: optimizer, scaler, position (step, epoch, batch, elapsed,
+  validations_since_best), best_score, rng, world_size. (Earlier versions wrote `best_bleu` and `stale` for
+  best_score and validations_since_best, and, with train.ema, the raw `weights` beside their average.)
 Loading uses `weights_only=True`: a checkpoint file can never run code.
 
 A run directory keeps its resumable checkpoints as `last.pt` plus the newest K `checkpoint-{step}.pt` (hard links
@@ -14,8 +16,10 @@ loads, so a damaged `last.pt` costs one checkpoint interval, not the run.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +94,55 @@ def latest_readable(run_dir: str | Path) -> tuple[Path, dict[str, Any], list[str
         except MtError as e:
             problems.append(str(e))
     raise MtError(f"{run_dir}: no readable checkpoint; {'; '.join(problems)}")
+
+
+def latest_resumable(run_dir: Path, warn: bool = True) -> tuple[Path, dict[str, Any]]:
+    """The newest readable checkpoint of the run in `run_dir` that holds training state; says on stderr (when `warn`) which damaged ones it
+    passed over."""
+    path, state, problems = latest_readable(run_dir)
+    if warn:
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        if problems:
+            print(f"warning: resuming from {path} (step {state['step']}) instead; the steps after it are trained "
+                  f"again", file=sys.stderr)
+    if "train" not in state:
+        raise MtError(f"{path}: holds no training state (optimizer, data position); it cannot be resumed")
+    return path, state
+
+
+def check_same_vocabulary(state: dict, path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer, data_dir: Path
+                          ) -> None:
+    """A resumed run's ids must mean the same pieces as when it started, or it silently learns garbage."""
+    for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
+        old = Tokenizer(state["spm"][side])
+        if not same_pieces(old, tok):
+            raise MtError(f"{data_dir}: its {side} vocabulary ({tok.vocab_size} pieces) is not the one {path} was "
+                          f"trained with ({old.vocab_size} pieces); resume with the run's data "
+                          f"(--set data={state['config']['data']}) or start a new run in another --out")
+
+
+def same_pieces(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether every id means the same piece (piece scores may differ: they only steer segmentation)."""
+    if a.model_proto == b.model_proto:
+        return True
+    return a.vocab_size == b.vocab_size and all(a.sp.id_to_piece(i) == b.sp.id_to_piece(i)
+                                                 for i in range(a.vocab_size))
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random state a resumed run goes on from: Python's, torch's, and the training GPU's."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":  # the training GPU's only: asking for every GPU's would start a context on each
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

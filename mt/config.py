@@ -1,6 +1,6 @@
 """One source of config truth: dataclass defaults, overridden by a YAML file, overridden by `--set key=value`.
 
-A config has four sections (`model`, `train`, `decode`) plus `data`, the prepared-data directory. Every key
+A config has three sections (`model`, `train`, `decode`) plus `data`, the prepared-data directory. Every key
 is checked: an unknown key or a value of the wrong type is an `MtError` that names the key and says what is
 allowed. The resolved config is stored in every checkpoint and rebuilds the model from it.
 """
@@ -52,10 +52,6 @@ class TrainConfig:
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0: no clipping
-    # Decay of an exponential moving average of the weights (mt/ema.py), e.g. 0.999: about the last 1,000 steps;
-    # 0: off. When on, validation, best.pt and the checkpoints' weights are the average; training goes on from
-    # the raw weights, which last.pt and the numbered checkpoints keep too, for resuming.
-    ema: float = 0.0
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
@@ -68,10 +64,11 @@ class TrainConfig:
     log_every: int = 100
     seed: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16/fp16 on GPU; on CPU bf16 if native, else fp32
+    # auto: bf16 (or fp16 with a grad scaler) on GPU; on CPU bf16 if native, else fp32 (fp16 on CPU: slow, for tests)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     threads: int = 0  # CPU threads; 0: PyTorch's default
-    # torch.compile the model for training. Off by default: on our 2-core CPU it trained at 0.91x the speed of
-    # plain eager mode. Not measured on GPUs here; try it there (the first steps pay for compiling).
+    # torch.compile the model for training; off by default, as it did not speed up CPU training (the first steps
+    # pay for compiling: try it on GPUs).
     compile: bool = False
 
 
@@ -92,6 +89,11 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
+# Keys that earlier versions wrote, and why they went: a stored config (checkpoint, run's config.yaml) holding
+# one still loads, without it; a config file that turns one on is an error that says what to do instead.
+RETIRED = {"train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`"}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file at `path`, then each `key=value` override (`train.lr=1e-3`)."""
     raw: dict[str, Any] = {}
@@ -105,7 +107,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise MtError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
             raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
-    cfg = from_dict(raw)
+        for key, value in flatten(raw).items():
+            if key in RETIRED and value:
+                raise MtError(f"{path}: {key}={value}: {RETIRED[key]}; delete the key")
+    return apply_overrides(from_dict(raw), overrides)
+
+
+def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
+    """The config a run started with (from its newest readable checkpoint), with `overrides` applied; the model
+    cannot change. Silent about damaged checkpoints: `train` reports them when it loads the same one."""
+    from mt import checkpoint  # imported here: mt.checkpoint imports this module
+
+    last_path = Path(out_dir) / checkpoint.LAST
+    if not last_path.is_file() and not checkpoint.numbered(out_dir):
+        raise MtError(f"{last_path}: nothing to resume; drop --resume to start a new run")
+    for item in overrides:
+        if item.strip().startswith("model."):
+            raise MtError(f"--set {item}: the model of a resumed run cannot change")
+    return apply_overrides(from_dict(checkpoint.latest_readable(out_dir)[1]["config"]), overrides)
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply each `--set key=value` to `cfg` (the value read as YAML: `1e-3`, `true`, `pre`) and validate it."""
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -116,9 +139,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
+    """The config a nested dict describes (a checkpoint's, or a YAML file's), retired keys left out."""
     cfg = Config()
-    for key, value in _flatten(raw).items():
-        set_value(cfg, key, value)
+    for key, value in flatten(raw).items():
+        if key not in RETIRED:
+            set_value(cfg, key, value)
     validate(cfg)
     return cfg
 
@@ -145,35 +170,34 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
 
 
 def validate(cfg: Config) -> None:
-    m, t, d = cfg.model, cfg.train, cfg.decode
-    if m.d_model % m.n_heads:
-        raise MtError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    positive = {
-        "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.max_len": m.max_len,
-        "train.max_tokens": t.max_tokens, "train.accumulate": t.accumulate, "train.valid_every": t.valid_every,
-        "train.log_every": t.log_every, "train.valid_beam": t.valid_beam, "decode.beam": d.beam,
-        "decode.batch_tokens": d.batch_tokens,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise MtError(f"{key}={value}: must be positive")
-    for key, value in {"model.dropout": m.dropout, "model.attn_dropout": m.attn_dropout,
-                       "model.act_dropout": m.act_dropout, "train.label_smoothing": t.label_smoothing,
-                       "train.cooldown": t.cooldown, "train.ema": t.ema}.items():
-        if not 0.0 <= value < 1.0:
-            raise MtError(f"{key}={value}: must be in [0, 1)")
-    if t.patience < 0:
-        raise MtError(f"train.patience={t.patience}: must be 0 (never stop early) or more")
-    if t.lr <= 0:
-        raise MtError(f"train.lr={t.lr}: must be positive")
+    flat = flatten(to_dict(cfg))
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
+    positive = ("model.d_model", "model.n_heads", "model.d_ff", "model.max_len", "train.max_tokens",
+                "train.accumulate", "train.valid_every", "train.log_every", "train.valid_beam", "decode.beam",
+                "decode.batch_tokens", "train.lr")
+    for key in positive:
+        if flat[key] <= 0:
+            raise MtError(f"{key}={flat[key]}: must be positive")
+    fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
+                 "train.cooldown")
+    for key in fractions:
+        if not 0.0 <= flat[key] < 1.0:
+            raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
+    for key, least in (("train.keep_checkpoints", 0), ("train.max_bad_steps", 1)):
+        if flat[key] < least:
+            raise MtError(f"{key}={flat[key]}: must be at least {least}")
+    if cfg.train.patience < 0:
+        raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 
 
-def _flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict as one level of dotted keys: {"train": {"lr": 1}} → {"train.lr": 1}."""
     flat: dict[str, Any] = {}
     for key, value in raw.items():
         full = f"{prefix}{key}"
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{full}."))
+            flat.update(flatten(value, f"{full}."))
         else:
             flat[full] = value
     return flat

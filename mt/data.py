@@ -1,12 +1,20 @@
-"""Token ids on disk → length-grouped, token-budget batches with per-batch padding.
+"""Token ids on disk → length-grouped, token-budget batches with per-batch padding → the batches of each step.
 
 `mt prepare` writes, per split and side, a flat array of piece ids (`{split}.{side}.ids.npy`) and the sentence
 boundaries (`{split}.{side}.offsets.npy`, n + 1 entries). Both are memory-mapped: a corpus of any size costs
 only the batches in flight.
+
+Training takes its data a step at a time (`step_batches`): world × train.accumulate consecutive batches of the
+epoch's list, rank r collating the r-th, (r + world)-th, ... of them, so the data position (epoch, batch) is one
+global number, the same on every rank. `Prefetch` collates the next steps in a background thread.
 """
 
 from __future__ import annotations
 
+import json
+import queue
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,22 +22,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mt.config import Config
 from mt.errors import MtError
-from mt.tokenizer import BOS, EOS, PAD
+from mt.tokenizer import BOS, EOS, PAD, Tokenizer
 
 
 class Split:
     """One split of a prepared corpus: sentence i is src_ids[src_off[i]:src_off[i+1]] (and likewise tgt)."""
 
     def __init__(self, data_dir: str | Path, split: str):
-        d = Path(data_dir)
-        missing = [p for p in (d / f"{split}.src.ids.npy", d / f"{split}.tgt.ids.npy") if not p.is_file()]
+        data_dir = Path(data_dir)
+        missing = [p for p in (data_dir / f"{split}.src.ids.npy", data_dir / f"{split}.tgt.ids.npy")
+                   if not p.is_file()]
         if missing:
-            raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {d}")
-        self.src_ids = np.load(d / f"{split}.src.ids.npy", mmap_mode="r")
-        self.tgt_ids = np.load(d / f"{split}.tgt.ids.npy", mmap_mode="r")
-        self.src_off = np.load(d / f"{split}.src.offsets.npy")
-        self.tgt_off = np.load(d / f"{split}.tgt.offsets.npy")
+            raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {data_dir}")
+        self.src_ids = np.load(data_dir / f"{split}.src.ids.npy", mmap_mode="r")
+        self.tgt_ids = np.load(data_dir / f"{split}.tgt.ids.npy", mmap_mode="r")
+        self.src_off = np.load(data_dir / f"{split}.src.offsets.npy")
+        self.tgt_off = np.load(data_dir / f"{split}.tgt.offsets.npy")
         self.name = split
 
     def __len__(self) -> int:
@@ -53,16 +63,41 @@ class Split:
 def train_splits(data_dir: str | Path) -> list[Split]:
     """The training data as the epochs take it in turn (epoch e: item e mod N): the copies segmented by sampling
     that `mt prepare --subword-samples N` wrote, or else the one split of best segmentations."""
-    d = Path(data_dir)
+    data_dir = Path(data_dir)
     copies: list[Split] = []
-    while (d / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
-        copies.append(Split(d, f"train-sample{len(copies) + 1}"))
-    return copies or [Split(d, "train")]
+    while (data_dir / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
+        copies.append(Split(data_dir, f"train-sample{len(copies) + 1}"))
+    return copies or [Split(data_dir, "train")]
 
 
 def epoch_split(splits: list[Split], epoch: int) -> Split:
     """The one of `train_splits` that epoch `epoch` reads."""
     return splits[epoch % len(splits)]
+
+
+def load_tokenizers(data_dir: Path) -> tuple[Tokenizer, Tokenizer, dict]:
+    """The source and target SentencePiece models of prepared data (one model twice when joint), and meta.json."""
+    meta_path = data_dir / "meta.json"
+    if not meta_path.is_file():
+        raise MtError(f"{meta_path}: not found; run `mt prepare ... --out {data_dir}` first, or set `data:`")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("joint", True):
+        tok = Tokenizer.load(data_dir / "spm.model")
+        return tok, tok, meta
+    return Tokenizer.load(data_dir / "spm.src.model"), Tokenizer.load(data_dir / "spm.tgt.model"), meta
+
+
+def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) -> None:
+    """Size the model's tables to the data; a config that already names other sizes is an error."""
+    model_cfg = cfg.model
+    for key, have in (("src_vocab_size", src_tok.vocab_size), ("tgt_vocab_size", tgt_tok.vocab_size)):
+        want = getattr(model_cfg, key)
+        if want and want != have:
+            raise MtError(f"model.{key}={want} but the data in {cfg.data} has a vocabulary of {have}; "
+                          f"remove model.{key} (it is taken from the data) or prepare the data again")
+        setattr(model_cfg, key, have)
+    if model_cfg.share_embeddings and not joint:
+        model_cfg.share_embeddings = False  # separate vocabularies cannot share one table
 
 
 def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
@@ -132,3 +167,87 @@ def epoch_batches(split: Split, max_tokens: int, max_len: int, seed: int, epoch:
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run sees the same."""
     cost = np.minimum(np.maximum(split.src_lens + 1, split.tgt_lens + 1), max_len)
     return batch_by_tokens(cost, max_tokens, np.random.default_rng([seed, epoch]))
+
+
+@dataclass
+class StepBatches:
+    """One optimizer step's data as one rank sees it."""
+
+    epoch: int
+    batch: int  # the step's first batch in the epoch's list: the data position while the step trains
+    batches: list[Batch]  # this rank's micro-batches, on the host
+    n_tokens: int  # target tokens of the whole step, all ranks' batches: the loss is normalised by them
+
+
+def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world: int, rank: int
+                 ) -> Iterator[StepBatches]:
+    """The steps from batch `batch` of epoch `epoch` on, forever, each epoch from its `epoch_split`. Each step takes
+    world × accumulate consecutive batches of the epoch's list, and rank r collates the r-th, (r + world)-th, ... of
+    them. An epoch's tail too short for a whole step is left out (the next epoch's shuffle brings it back)."""
+    train_cfg, max_len = cfg.train, cfg.model.max_len
+    per_step = world * train_cfg.accumulate
+    while True:
+        split = epoch_split(splits, epoch)
+        batches = epoch_batches(split, train_cfg.max_tokens, max_len, train_cfg.seed, epoch)
+        if len(batches) < per_step:
+            raise MtError(f"an epoch has {len(batches)} batches, fewer than the {per_step} of one step "
+                          f"({world} processes × train.accumulate={train_cfg.accumulate}); lower "
+                          f"train.max_tokens or train.accumulate")
+        while batch + per_step <= len(batches):
+            mine = batches[batch + rank:batch + per_step:world]
+            n_tokens = sum(target_tokens(split.tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
+            yield StepBatches(epoch, batch, [collate(split, idx, max_len) for idx in mine], n_tokens)
+            batch += per_step
+        epoch, batch = epoch + 1, 0
+
+
+def target_tokens(tgt_lens: np.ndarray, indices: np.ndarray, max_len: int) -> int:
+    """`collate(split, indices, max_len).n_tgt_tokens` without collating: each target's pieces, cut to fit
+    `max_len`, plus its EOS. Every rank counts the whole step's tokens this way, with no communication."""
+    return int(np.minimum(tgt_lens[indices], max_len - 1).sum()) + len(indices)
+
+
+def pinned(step: StepBatches) -> StepBatches:
+    """The step's batches in pinned host memory, from which the copy to the GPU runs asynchronously."""
+    batches = [Batch(b.src.pin_memory(), b.tgt_in.pin_memory(), b.tgt_out.pin_memory(), b.n_tgt_tokens)
+               for b in step.batches]
+    return StepBatches(step.epoch, step.batch, batches, step.n_tokens)
+
+
+class Prefetch:
+    """Draws from `items` in a background thread, at most `depth` items ahead of `next()`, so collating the next
+    steps' batches overlaps the current step's compute. Order is unchanged; an error in the thread is raised by
+    the `next()` that would have returned the item."""
+
+    def __init__(self, items: Iterator, depth: int):
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self.fill, args=(items,), name="mt-prefetch", daemon=True)
+        self.thread.start()
+
+    def fill(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self.put((item, None)):
+                    return
+        except Exception as e:  # handed to the consumer, who raises it
+            self.put((None, e))
+
+    def put(self, entry: tuple) -> bool:
+        while not self.closed.is_set():
+            try:
+                self.queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def next(self):
+        item, error = self.queue.get()
+        if error is not None:
+            raise error
+        return item
+
+    def close(self) -> None:
+        self.closed.set()
+        self.thread.join(timeout=10)  # a daemon thread: should it still be collating, it does not hold up exit

@@ -7,6 +7,23 @@ nothing is started and every helper here is a no-op: a single process trains as 
 
 Two groups: the default one (NCCL on GPU) carries gradients and device tensors; a gloo group carries the small
 host-side agreements (stop or go on, barriers), so agreeing on them never waits for the GPU's queue to drain.
+
+How W processes train one model with DistributedDataParallel (mt/train.py):
+- Data: one optimizer step takes W × A consecutive batches of the epoch's batch list (A = train.accumulate), and
+  rank r trains on the r-th, (r + W)-th, ... of them (`mt.data.step_batches`). That is the step single-process
+  training with accumulate W × A takes, and the data position (epoch, batch) stays one global number, the same on
+  every rank: a run can resume with another number of processes (with another W × A its steps hold more or
+  fewer batches from then on).
+- Loss: every rank divides its summed loss by the target tokens of the whole step (all ranks' batches, counted
+  from the lengths on disk, so no communication) and multiplies it by W, because DDP averages the ranks'
+  gradients: the result is the per-token gradient of the whole step, as one process would compute it.
+- Agreement: a step is skipped on every rank when any rank's loss or gradients are not finite; rank 0's time
+  budget (`train.max_minutes`) and a SIGINT/SIGTERM on any rank stop every rank after the same step
+  (`agree_max`); a cooldown by the clock follows the furthest rank's clock.
+- Rank 0 alone validates, writes checkpoints, config.yaml and log.jsonl, and prints; the others wait at a barrier.
+- Dropout: rank 0 draws from the single-process stream, rank r > 0 from one seeded with (seed, rank, step)
+  (`rank_seed`), so a run with dropout is not bitwise equal to single-process training. Checkpoints hold rank 0's
+  random state; on resume, the other ranks reseed from (seed, rank, step).
 """
 
 from __future__ import annotations
@@ -15,6 +32,7 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -63,11 +81,6 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if active() else 1
-
-
-def is_main() -> bool:
-    """Rank 0 writes the run directory (checkpoints, config.yaml, log.jsonl) and speaks; the others stay quiet."""
-    return rank() == 0
 
 
 def barrier() -> None:
@@ -125,3 +138,8 @@ def sync_gradients(ddp: DistributedDataParallel | None, last: bool) -> AbstractC
     if ddp is None or last:
         return nullcontext()
     return ddp.no_sync()
+
+
+def rank_seed(seed: int, rank: int, step: int) -> int:
+    """The dropout seed of rank > 0 from `step` on: well mixed, so no two (seed, rank, step) share a stream."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])

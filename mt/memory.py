@@ -3,10 +3,10 @@
 PyTorch has no caching allocator on CPU: every tensor is a `malloc` and every free a `free`. glibc serves the
 large ones (activations, gradients, logits: megabytes each) with `mmap` and returns them to the system when they
 are freed, or trims them off the top of its heap, so the next step's tensors of the same sizes come back as fresh
-pages that the kernel must fault in and zero: on machine B, 10% of a training step of the base model and of the
-Multi30k recipe's. Raising glibc's thresholds (as `mallopt` allows: mmap only above 32 MiB, trim only above
-1 GiB of free memory at the top of the heap) keeps those pages for the next step: training steps 7-12% faster,
-beam search 3-13%, for a resident size that stays at its high-water mark instead of falling between steps.
+pages that the kernel must fault in and zero. Raising glibc's thresholds (as `mallopt` allows: mmap only above
+32 MiB, trim only above 1 GiB of free memory at the top of the heap) keeps those pages for the next step, which
+makes training steps and beam search faster (docs/performance.md), for a resident size that stays at its
+high-water mark instead of falling between steps.
 
 `MT_MALLOC=default` leaves glibc as it is (benchmarks use it to compare the two side by side). Elsewhere than
 glibc (macOS, musl) nothing changes.

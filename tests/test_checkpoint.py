@@ -61,3 +61,19 @@ def test_loading_never_runs_code_from_the_file(tmp_path):
     torch.save({"model": Evil(), "config": {}, "spm": {}}, path)
     with pytest.raises(MtError):
         checkpoint.load(path)
+
+
+def test_resuming_needs_the_training_state_and_passes_over_damaged_checkpoints(tmp_path, tokenizer, capsys):
+    run = tmp_path / "run"
+    state = state_for(tiny_model(vocab=tokenizer.vocab_size), tokenizer)
+    checkpoint.save_last(state, run, keep=1)  # weights only, as best.pt holds
+    with pytest.raises(MtError, match="holds no training state .* it cannot be resumed"):
+        checkpoint.latest_resumable(run)
+    checkpoint.save_last(state | {"train": {"position": {}}}, run, keep=1)
+    (run / "last.pt").unlink()
+    (run / "last.pt").write_bytes(b"damaged")
+    path, resumed = checkpoint.latest_resumable(run)
+    assert path == run / "checkpoint-7.pt" and "train" in resumed
+    err = capsys.readouterr().err
+    assert f"warning: {run / 'last.pt'}: not a readable mt checkpoint" in err
+    assert f"resuming from {run / 'checkpoint-7.pt'} (step 7)" in err

@@ -1,6 +1,8 @@
+from pathlib import Path
+
 import pytest
 
-from mt.config import load_config, to_dict
+from mt.config import flatten, from_dict, load_config, resume_config, to_dict
 from mt.errors import MtError
 
 
@@ -41,6 +43,10 @@ def test_bad_values_name_the_key_and_what_is_allowed(tmp_path):
         load_config(None, ["train.patience=-1"])
     with pytest.raises(MtError, match="train.valid_beam=0: must be positive"):
         load_config(None, ["train.valid_beam=0"])
+    with pytest.raises(MtError, match="train.max_bad_steps=0: must be at least 1"):
+        load_config(None, ["train.max_bad_steps=0"])
+    with pytest.raises(MtError, match="train.keep_checkpoints=-1: must be at least 0"):
+        load_config(None, ["train.keep_checkpoints=-1"])
 
 
 def test_heads_must_divide_d_model():
@@ -48,9 +54,38 @@ def test_heads_must_divide_d_model():
         load_config(None, ["model.d_model=100"])
 
 
-def test_shipped_configs_load():
-    from pathlib import Path
+def test_a_stored_config_with_a_retired_key_still_loads_but_a_file_cannot_turn_it_on(tmp_path):
+    stored = to_dict(load_config(None, ["train.lr=5e-4"]))
+    stored["train"]["ema"] = 0.999  # written by an earlier version
+    assert from_dict(stored) == load_config(None, ["train.lr=5e-4"])
+    assert load_config(write(tmp_path, "train:\n  ema: 0.0\n")) == load_config()
+    with pytest.raises(MtError, match=r"c.yaml: train.ema=0.999: .*mt average.*delete the key"):
+        load_config(write(tmp_path, "train:\n  ema: 0.999\n"))
+    with pytest.raises(MtError, match="unknown config key 'train.ema'"):
+        load_config(None, ["train.ema=0.999"])
 
-    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
-        cfg = load_config(path)
-        assert to_dict(cfg)["model"]["d_model"] > 0, path
+
+def run_with_checkpoint(tmp_path, cfg) -> Path:
+    from mt import checkpoint
+
+    run = tmp_path / "run"
+    checkpoint.save_last({"model": {}, "config": to_dict(cfg), "spm": {}, "step": 1, "train": {}}, run, keep=0)
+    return run
+
+
+def test_a_resumed_run_keeps_its_config_and_model_and_takes_the_same_overrides(tmp_path):
+    run = run_with_checkpoint(tmp_path, load_config(None, ["model.d_model=128", "model.n_heads=4", "train.lr=1"]))
+    cfg = resume_config(run, ["train.max_steps=7", "decode.beam=2"])
+    assert (cfg.model.d_model, cfg.train.lr, cfg.train.max_steps, cfg.decode.beam) == (128, 1.0, 7, 2)
+    with pytest.raises(MtError, match="the model of a resumed run cannot change"):
+        resume_config(run, ["model.d_model=256"])
+    with pytest.raises(MtError, match="expected key=value"):
+        resume_config(run, ["train.lr"])
+    with pytest.raises(MtError, match="unknown config key 'train.lrr'"):
+        resume_config(run, ["train.lrr=1"])
+    with pytest.raises(MtError, match="nothing to resume; drop --resume"):
+        resume_config(tmp_path / "empty", [])
+
+
+def test_flatten_gives_dotted_keys():
+    assert flatten({"data": "d", "train": {"lr": 1, "x": {"y": 2}}}) == {"data": "d", "train.lr": 1, "train.x.y": 2}

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from mt.config import load_config
-from mt.data import Batch, pad
+from mt.data import Batch, pad, shift_targets
 from mt.model import Transformer, count_parameters
-from mt.tokenizer import BOS, EOS, PAD
+from mt.tokenizer import EOS, PAD
 from mt.train import train_step
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -33,20 +33,18 @@ def tiny_batch(vocab: int, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     srcs = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in (5, 7, 4, 6)]
     tgts = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in (6, 5, 7, 4)]
-    tgt = pad(tgts, [BOS], [EOS])
-    tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:].clone()
-    tgt_in[tgt_in == EOS] = PAD
+    tgt_in, tgt_out = shift_targets(tgts)
     return Batch(pad(srcs, [], [EOS]), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
 
 
 @pytest.mark.parametrize("name", ["base", "big"])
 def test_wmt14_recipe_builds_the_papers_model_and_trains(name):
     cfg = load_config(CONFIGS / f"wmt14_en_de_{name}.yaml")
-    t = cfg.train
+    train_cfg = cfg.train
     # The paper's schedule: peak = d_model^-0.5 × warmup^-0.5, and ~25k tokens a step on 8 GPUs (plus ~10% for
     # padding and the longer side, which max_tokens also counts).
-    assert t.lr == pytest.approx((cfg.model.d_model * t.warmup) ** -0.5, rel=0.01)
-    assert 25_000 <= 8 * t.max_tokens * t.accumulate <= 30_000
+    assert train_cfg.lr == pytest.approx((cfg.model.d_model * train_cfg.warmup) ** -0.5, rel=0.01)
+    assert 25_000 <= 8 * train_cfg.max_tokens * train_cfg.accumulate <= 30_000
 
     # With the paper's shared vocabulary of ~37k pieces: 63.1M (base) and 214.2M (big) parameters. The paper
     # says 65M and 213M without saying how it counts; ours has one table for source, target and output, biases

@@ -5,10 +5,20 @@ import pytest
 import torch
 
 from mt.config import Config
-from mt.data import Split, batch_by_tokens, collate, epoch_batches, train_splits
+from mt.data import (
+    Prefetch,
+    Split,
+    batch_by_tokens,
+    collate,
+    epoch_batches,
+    step_batches,
+    target_tokens,
+    train_splits,
+)
 from mt.errors import MtError
 from mt.tokenizer import BOS, EOS, PAD
-from mt.train import step_batches
+
+from .conftest import prepare_corpus
 
 
 def write_split(tmp_path, name, src_seqs, tgt_seqs):
@@ -60,7 +70,7 @@ def test_epochs_take_the_sampled_copies_in_turn(tmp_path):
     cfg.train.max_tokens, cfg.train.accumulate = 24, 1
     copies_seen = {}
     for step in itertools.islice(step_batches(train_splits(tmp_path), cfg, 0, 0, world=1, rank=0), 40):
-        copies_seen.setdefault(step.epoch, set()).update(int(b.src[0, 0]) // 100 for b in step.group)
+        copies_seen.setdefault(step.epoch, set()).update(int(b.src[0, 0]) // 100 for b in step.batches)
     assert copies_seen == {epoch: {epoch % 3 + 1} for epoch in copies_seen} and len(copies_seen) > 3
 
 
@@ -83,3 +93,48 @@ def test_collate_cuts_to_the_model_length(tmp_path):
 def test_missing_split_says_how_to_make_it(tmp_path):
     with pytest.raises(MtError, match="mt prepare"):
         Split(tmp_path, "train")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"), n_valid=10)
+
+
+def step_config(accumulate: int) -> Config:
+    cfg = Config()
+    cfg.model.max_len, cfg.train.max_tokens, cfg.train.accumulate = 32, 256, accumulate
+    return cfg
+
+
+def test_ranks_split_each_step_as_one_process_accumulates_it(prepared):
+    split = Split(prepared, "train")
+    one = step_batches([split], step_config(accumulate=4), 0, 0, world=1, rank=0)
+    ranks = [step_batches([split], step_config(accumulate=2), 0, 0, world=2, rank=r) for r in (0, 1)]
+    for _ in range(16):  # a few epochs: the steps roll over epochs at the same points
+        single, *per_rank = next(one), *(next(r) for r in ranks)
+        for step in per_rank:
+            assert (step.epoch, step.batch, step.n_tokens) == (single.epoch, single.batch, single.n_tokens)
+        # Rank r trains on the r-th, (r + 2)-th, ... of the step's batches; together, exactly the step's batches.
+        assert [b.src.tolist() for b in single.batches] == [
+            per_rank[i % 2].batches[i // 2].src.tolist() for i in range(4)]
+        assert single.n_tokens == sum(b.n_tgt_tokens for b in single.batches)
+    assert single.epoch >= 2
+
+
+def test_target_tokens_are_counted_from_the_lengths_as_collate_counts_them(prepared):
+    split = Split(prepared, "train")
+    for max_len in (32, 6):  # 6: most targets are cut to fit
+        for indices in np.array_split(np.arange(len(split)), 20):
+            assert target_tokens(split.tgt_lens, indices, max_len) == collate(split, indices, max_len).n_tgt_tokens
+
+
+def test_prefetch_keeps_the_order_and_raises_the_producers_error():
+    def items():
+        yield from range(5)
+        raise ValueError("bad batch")
+
+    prefetch = Prefetch(items(), depth=2)
+    assert [prefetch.next() for _ in range(5)] == list(range(5))
+    with pytest.raises(ValueError, match="bad batch"):
+        prefetch.next()
+    prefetch.close()

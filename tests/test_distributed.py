@@ -8,16 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import yaml
 
 from mt import checkpoint, distributed
-from mt.config import Config, ModelConfig, to_dict
-from mt.data import Split, collate
-from mt.train import Prefetch, resume_config, step_batches, target_tokens, train
+from mt.config import Config, ModelConfig, resume_config, to_dict
+from mt.train import train
 
 from .conftest import prepare_corpus
 
@@ -36,53 +34,16 @@ def config(data: Path, **train_changes) -> Config:
     one thread (so that processes agree bit for bit) and fp32 (whose rounding is what the tolerances allow for)."""
     cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64,
                                                    dropout=0.0, max_len=32))
-    t = cfg.train
-    t.max_tokens, t.warmup, t.log_every, t.valid_bleu, t.threads, t.keep_checkpoints = 256, 10, 2, False, 1, 10
-    t.precision = "fp32"
+    train_cfg = cfg.train
+    train_cfg.max_tokens, train_cfg.warmup, train_cfg.log_every, train_cfg.valid_bleu = 256, 10, 2, False
+    train_cfg.threads, train_cfg.keep_checkpoints, train_cfg.precision = 1, 10, "fp32"
     # Adam is blind to the scale of the gradient except through eps: with a large eps the update is about
     # lr × gradient, so a loss normalised wrongly (say, without the × world that undoes DDP's averaging) changes
     # the weights visibly. The large lr keeps those updates well above float noise.
-    t.eps, t.lr = 1.0, 1.0
+    train_cfg.eps, train_cfg.lr = 1.0, 1.0
     for key, value in train_changes.items():
-        setattr(t, key, value)
+        setattr(train_cfg, key, value)
     return cfg
-
-
-# ---------------------------------------------------------------------------------------------- the data split
-
-
-def test_ranks_split_each_step_as_one_process_accumulates_it(prepared):
-    split = Split(prepared, "train")
-    one = step_batches([split], config(prepared, accumulate=4), 0, 0, world=1, rank=0)
-    ranks = [step_batches([split], config(prepared, accumulate=2), 0, 0, world=2, rank=r) for r in (0, 1)]
-    for _ in range(16):  # a few epochs: the steps roll over epochs at the same points
-        single, *per_rank = next(one), *(next(r) for r in ranks)
-        for step in per_rank:
-            assert (step.epoch, step.batch, step.n_tokens) == (single.epoch, single.batch, single.n_tokens)
-        # Rank r trains on the r-th, (r + 2)-th, ... of the step's batches; together, exactly the step's batches.
-        assert [b.src.tolist() for b in single.group] == [
-            per_rank[i % 2].group[i // 2].src.tolist() for i in range(4)]
-        assert single.n_tokens == sum(b.n_tgt_tokens for b in single.group)
-    assert single.epoch >= 2
-
-
-def test_target_tokens_are_counted_from_the_lengths_as_collate_counts_them(prepared):
-    split = Split(prepared, "train")
-    for max_len in (32, 6):  # 6: most targets are cut to fit
-        for indices in np.array_split(np.arange(len(split)), 20):
-            assert target_tokens(split.tgt_lens, indices, max_len) == collate(split, indices, max_len).n_tgt_tokens
-
-
-def test_prefetch_keeps_the_order_and_raises_the_producers_error():
-    def items():
-        yield from range(5)
-        raise ValueError("bad batch")
-
-    prefetch = Prefetch(items(), depth=2)
-    assert [prefetch.next() for _ in range(5)] == list(range(5))
-    with pytest.raises(ValueError, match="bad batch"):
-        prefetch.next()
-    prefetch.close()
 
 
 def test_rank_0_validates_on_the_cores_of_the_ranks_waiting_for_it(monkeypatch):
@@ -101,12 +62,12 @@ def test_rank_0_validates_on_the_cores_of_the_ranks_waiting_for_it(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- two processes
 
-# Runs `mt train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only shows rank
-# 0's. The recorded model is the one the training step was given (the DDP wrapper).
+# Runs `mt.train.train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only shows
+# rank 0's. The recorded model is the one the training step was given (the DDP wrapper).
 RUNNER = """
 import os, sys, torch
 import mt.train
-from mt.cli import app
+from mt.config import load_config
 
 models = []
 real_step = mt.train.train_step
@@ -116,12 +77,8 @@ def recording_step(model, *args):
     return real_step(model, *args)
 
 mt.train.train_step = recording_step
-try:
-    app(sys.argv[2:], prog_name="mt")
-except SystemExit as e:
-    code = e.code
+mt.train.train(load_config(sys.argv[2]), sys.argv[3])
 torch.save(models[0].module.state_dict(), os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pt"))
-sys.exit(code)
 """
 
 
@@ -149,8 +106,7 @@ def test_two_processes_train_as_one_with_the_same_effective_batch(prepared, tmp_
                                                                        valid_every=4))), encoding="utf-8")
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             str(tmp_path / "runner.py"), str(ranks), "train", str(tmp_path / "ddp.yaml"),
-                             "--out", str(run)],
+                             str(tmp_path / "runner.py"), str(ranks), str(tmp_path / "ddp.yaml"), str(run)],
                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr
 

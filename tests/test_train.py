@@ -1,16 +1,18 @@
+import functools
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from mt import device as device_module
-from mt.config import Config, ModelConfig, TrainConfig
-from mt.data import batch_by_tokens, pad
-from mt.device import autocast_dtype
+from mt import checkpoint
+from mt.config import Config, ModelConfig, TrainConfig, resume_config
+from mt.data import Batch, Split, batch_by_tokens, pad, shift_targets
 from mt.errors import MtError
 from mt.model import Transformer
 from mt.search import greedy
-from mt.tokenizer import BOS, EOS, PAD
-from mt.train import adam, cooldown_factor, label_smoothed_loss, learning_rate, train_step
+from mt.tokenizer import EOS, PAD
+from mt.train import adam, cooldown_factor, learning_rate, train_step
 
 from .conftest import prepare_corpus
 
@@ -31,14 +33,6 @@ def test_cooldown_holds_the_rate_then_brings_it_linearly_to_zero_at_the_end_of_t
     assert cooldown_factor(1.0, 0.2) == cooldown_factor(1.3, 0.2) == 0.0
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_precision_on_a_cpu_is_bf16_only_where_it_multiplies_bf16_in_hardware(monkeypatch, native):
-    monkeypatch.setattr(device_module, "native_bf16", lambda: native)
-    cpu = torch.device("cpu")
-    assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)
-    assert autocast_dtype("fp32", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
-
-
 @pytest.mark.parametrize("grad_scale", [1e-3, 1.0, 1e3])
 def test_weight_decay_shrinks_each_weight_by_lr_times_decay_whatever_the_gradient(grad_scale):
     # Decoupled (AdamW): the shrink is lr * weight_decay of the weight, on top of Adam's step, which is the same
@@ -49,14 +43,6 @@ def test_weight_decay_shrinks_each_weight_by_lr_times_decay_whatever_the_gradien
     optimizer.step()
     adam_step = 0.1  # Adam's first step is lr * sign(gradient)
     torch.testing.assert_close(w.detach(), torch.full((3,), 2.0 * (1 - 0.1 * 0.5) - adam_step))
-
-
-def test_loss_ignores_padding():
-    logits = torch.randn(2, 3, 10)
-    target = torch.tensor([[4, 5, PAD], [6, PAD, PAD]])
-    expected = label_smoothed_loss(logits[0:1, :2], target[0:1, :2], 0.1) + label_smoothed_loss(
-        logits[1:2, :1], target[1:2, :1], 0.1)
-    torch.testing.assert_close(label_smoothed_loss(logits, target, 0.1), expected)
 
 
 def test_tiny_model_learns_to_copy():
@@ -73,12 +59,9 @@ def test_tiny_model_learns_to_copy():
     def sample(n):
         return [rng.integers(4, vocab, size=rng.integers(3, 10)).tolist() for _ in range(n)]
 
-    from mt.data import Batch
     for step in range(400):
         seqs = sample(64)
-        tgt = pad(seqs, [BOS], [EOS])
-        tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:]
-        tgt_in[tgt_in == EOS] = PAD
+        tgt_in, tgt_out = shift_targets(seqs)
         batch = Batch(pad(seqs, [], [EOS]), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
         model.train()
         train_step(model, optimizer, scaler, [batch], cfg, torch.device("cpu"), None,
@@ -107,60 +90,96 @@ def small_config(data, **train_changes):
     return cfg
 
 
-@pytest.mark.parametrize("ema", [0.0, 0.9])
-def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, ema):
-    from mt import checkpoint
+def train_run(cfg, run, resume=False):
     from mt.train import train
 
-    train(small_config(prepared, max_steps=30, ema=ema), tmp_path / "straight", progress=False)
-    train(small_config(prepared, max_steps=20, ema=ema), tmp_path / "resumed", progress=False)
-    train(small_config(prepared, max_steps=30, ema=ema), tmp_path / "resumed", resume=True, progress=False)
+    return train(cfg, run, resume=resume, progress=False)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), name
+
+
+def as_written_by_earlier_versions(path, ema: float = 0.0) -> None:
+    """Rewrite a resumable checkpoint as earlier versions wrote it: `best_bleu` and `stale` for today's names and
+    `train.ema` in its config; with `ema`, the raw weights as "weights" and their moving average as "model"."""
+    state = checkpoint.load(path)
+    saved = state["train"]
+    saved["best_bleu"] = saved.pop("best_score")
+    saved["position"]["stale"] = saved["position"].pop("validations_since_best")
+    state["config"]["train"]["ema"] = ema
+    if ema:
+        saved["weights"] = state["model"]
+        state["model"] = {name: tensor * 0.5 for name, tensor in state["model"].items()}  # some other weights
+    checkpoint.save(state, path)
+
+
+@pytest.mark.parametrize("written_by", ["this version", "earlier versions"])
+def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, written_by):
+    train_run(small_config(prepared, max_steps=30), tmp_path / "straight")
+    train_run(small_config(prepared, max_steps=20), tmp_path / "resumed")
+    if written_by == "earlier versions":
+        as_written_by_earlier_versions(tmp_path / "resumed" / "last.pt")
+    train_run(resume_config(tmp_path / "resumed", ["train.max_steps=30"]), tmp_path / "resumed", resume=True)
     a = checkpoint.load(tmp_path / "straight" / "last.pt")
     b = checkpoint.load(tmp_path / "resumed" / "last.pt")
     assert a["step"] == b["step"] == 30
-    weights = [("model", a["model"], b["model"])]
-    if ema:  # the moving average and the raw weights training goes on from
-        weights.append(("weights", a["train"]["weights"], b["train"]["weights"]))
-    for kind, wa, wb in weights:
-        for name, tensor in wa.items():
-            assert torch.equal(tensor, wb[name]), f"{kind}: {name}"
+    assert_same_weights(a["model"], b["model"])
+    assert a["train"]["best_score"] == b["train"]["best_score"]
+    assert a["train"]["position"] == b["train"]["position"] | {"elapsed": a["train"]["position"]["elapsed"]}
 
 
-def test_a_run_resumed_with_ema_switched_off_goes_on_from_the_raw_weights(prepared, tmp_path, capsys):
-    from mt import checkpoint
-    from mt.train import train
+def test_a_run_that_kept_a_moving_average_goes_on_from_its_raw_weights(prepared, tmp_path, capsys):
+    # train.ema is gone; a run written with it resumes from the raw weights, and its best score (the average's)
+    # no longer counts.
+    train_run(small_config(prepared, max_steps=30), tmp_path / "straight")
+    train_run(small_config(prepared, max_steps=20), tmp_path / "resumed")
+    as_written_by_earlier_versions(tmp_path / "resumed" / "last.pt", ema=0.9)
+    cfg = resume_config(tmp_path / "resumed", ["train.max_steps=30"])
+    train_run(cfg, tmp_path / "resumed", resume=True)
+    assert_same_weights(checkpoint.load(tmp_path / "straight" / "last.pt")["model"],
+                        checkpoint.load(tmp_path / "resumed" / "last.pt")["model"])
+    [note] = [line for line in capsys.readouterr().err.splitlines() if "train.ema" in line]
+    assert note.startswith("note: ") and "validation and best.pt start afresh from step 20" in note
+    assert checkpoint.load(tmp_path / "resumed" / "best.pt")["step"] == 30  # step 30 is compared with nothing
 
-    train(small_config(prepared, max_steps=30, ema=0.9), tmp_path / "straight", progress=False)
-    train(small_config(prepared, max_steps=20, ema=0.9), tmp_path / "resumed", progress=False)
-    train(small_config(prepared, max_steps=30), tmp_path / "resumed", resume=True, progress=False)
-    raw = checkpoint.load(tmp_path / "straight" / "last.pt")["train"]["weights"]
-    resumed = checkpoint.load(tmp_path / "resumed" / "last.pt")
-    assert "weights" not in resumed["train"]
-    for name, tensor in raw.items():
-        assert torch.equal(tensor, resumed["model"][name]), name
-    assert "train.ema is now off: validation and best.pt start afresh from step 20" in capsys.readouterr().err
-    assert checkpoint.load(tmp_path / "resumed" / "best.pt")["step"] == 30  # the raw model's, not the average's
+
+def test_fp16_skips_overflowing_steps_and_resumes_with_the_scalers_state(prepared, tmp_path, monkeypatch):
+    # fp16 autocast and the grad scaler on CPU, as on a GPU. A loss scale of 2^20 overflows this model's fp16
+    # gradients: the first steps are skipped while the scaler backs off, as a GPU run's first steps are (there
+    # from its default 2^16, with larger gradients).
+    monkeypatch.setattr(torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=2.0 ** 20))
+    fp16 = {"precision": "fp16", "valid_bleu": False, "log_every": 1}
+    train_run(small_config(prepared, max_steps=30, **fp16), tmp_path / "straight")
+    train_run(small_config(prepared, max_steps=20, **fp16), tmp_path / "resumed")
+    train_run(small_config(prepared, max_steps=30, **fp16), tmp_path / "resumed", resume=True)
+    records = [json.loads(line) for line in (tmp_path / "straight" / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    skipped = [r.get("skipped_steps", 0) for r in records]
+    assert skipped[0] > 0 and sum(skipped) < 5  # the scaler backs off at the start, then rarely overflows
+    assert sum(losses[-5:]) < sum(losses[:5])  # it learns
+    a = checkpoint.load(tmp_path / "straight" / "last.pt")
+    b = checkpoint.load(tmp_path / "resumed" / "last.pt")
+    assert a["step"] == b["step"] == 30  # skipped steps are not counted
+    assert a["train"]["scaler"]["scale"] < 2.0 ** 20
+    assert a["train"]["scaler"] == b["train"]["scaler"]
+    assert_same_weights(a["model"], b["model"])
 
 
-def test_with_ema_the_saved_model_is_the_moving_average_of_the_trained_weights(prepared, tmp_path):
-    from mt import checkpoint
-    from mt.ema import decay_at
-    from mt.train import train
+def test_validation_loss_is_per_target_token_whatever_the_batching(prepared):
+    from mt.train import validation_metrics
 
-    run = tmp_path / "run"
-    train(small_config(prepared, max_steps=40, ema=0.9, valid_every=1, keep_checkpoints=40, valid_bleu=False),
-          run, progress=False)
-    states = {step: checkpoint.load(path) for step, path in checkpoint.numbered(run)}
-    assert sorted(states) == list(range(1, 41))
-    for step in range(2, 41):
-        d = decay_at(step, 0.9)
-        for name, avg in states[step]["model"].items():
-            expected = d * states[step - 1]["model"][name] + (1 - d) * states[step]["train"]["weights"][name]
-            torch.testing.assert_close(avg, expected, msg=f"step {step}: {name}")
-    raw, avg = states[40]["train"]["weights"], states[40]["model"]
-    assert any(not torch.equal(raw[name], avg[name]) for name in raw)  # the average is not the raw model
-    best = checkpoint.load(run / "best.pt")  # what `mt translate` uses is an average too, the best validated
-    assert all(torch.equal(tensor, states[best["step"]]["model"][name]) for name, tensor in best["model"].items())
+    cfg = small_config(prepared, valid_bleu=False)
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 40
+    model = Transformer(cfg.model)
+    losses = []
+    for max_tokens in (32, 1024):  # one sentence a batch, and all of them in one padded batch
+        cfg.train.max_tokens = max_tokens
+        losses.append(validation_metrics(model, Split(prepared, "valid"), [], None, cfg, torch.device("cpu"),
+                                         None)["valid_loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 def test_a_run_directory_is_never_overwritten(prepared, tmp_path):

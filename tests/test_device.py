@@ -1,0 +1,30 @@
+import pytest
+import torch
+
+from mt import device as device_module
+from mt.device import autocast, autocast_dtype, pick_device
+from mt.errors import MtError
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_on_a_cpu_is_bf16_only_where_it_multiplies_bf16_in_hardware(monkeypatch, native):
+    monkeypatch.setattr(device_module, "native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+    assert autocast_dtype("auto", cpu) is (torch.bfloat16 if native else None)
+    assert autocast_dtype("fp32", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
+
+
+def test_fp16_runs_on_a_cpu_so_the_gpus_fp16_path_can_be_tested_anywhere():
+    cpu = torch.device("cpu")
+    assert autocast_dtype("fp16", cpu) is torch.float16
+    with autocast(torch.float16, cpu):
+        assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.float16
+    with autocast(None, cpu):
+        assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.float32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_auto_is_the_cpu_without_a_gpu_and_asking_for_cuda_is_a_clear_error():
+    assert pick_device("auto") == torch.device("cpu")
+    with pytest.raises(MtError, match="no CUDA device is visible; use auto or cpu"):
+        pick_device("cuda")
