@@ -96,8 +96,7 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train a Transformer on data written by `mt prepare`."""
-    from mt.config import load_config
-    from mt.train import resume_config
+    from mt.config import load_config, resume_config
     from mt.train import train as run
 
     if (config is None) != resume:

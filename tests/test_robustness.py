@@ -24,13 +24,14 @@ from typer.testing import CliRunner
 import mt.model
 import mt.train
 from mt import checkpoint
+from mt.checkpoint import same_pieces
 from mt.cli import app
-from mt.config import Config, DecodeConfig, ModelConfig, to_dict
+from mt.config import Config, DecodeConfig, ModelConfig, resume_config, to_dict
 from mt.data import Split, epoch_batches
 from mt.errors import MtError
 from mt.prepare import prepare
 from mt.tokenizer import Tokenizer
-from mt.train import resume_config, same_pieces, train
+from mt.train import train
 
 from .conftest import LEXICON, prepare_corpus, tiny_model, write_corpus
 
