@@ -72,9 +72,8 @@ def bench_translate(setting: TranslateBench) -> dict:
 
         if not setting.input:
             raise ValueError("--checkpoint needs --input FILE: the real sentences to translate")
-        loaded = load_model(setting.checkpoint)
-        parameters = count_parameters(loaded.model)
-        loaded.model = for_inference(loaded.model, setting.precision)
+        loaded = load_model(setting.checkpoint, precision=setting.precision)
+        parameters = loaded.parameters
         lines = read_text(setting.input)[:n]
         opts = Options.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
         opts.batch_tokens = setting.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)

@@ -28,7 +28,8 @@ import torch
 
 from mt.config import Config, from_dict
 from mt.errors import MtError
-from mt.model import Transformer
+from mt.fast import for_inference
+from mt.model import Transformer, count_parameters
 from mt.tokenizer import Tokenizer
 
 
@@ -200,23 +201,29 @@ def _why(error: Exception) -> str:
 
 @dataclass
 class Loaded:
-    """A checkpoint ready to translate with."""
+    """A checkpoint ready to translate with: its model (with the inference fast paths of mt/fast.py, unless loaded
+    plain), config and tokenizers."""
 
-    model: Transformer
+    model: torch.nn.Module
     config: Config
     src_tok: Tokenizer
     tgt_tok: Tokenizer
     state: dict[str, Any]
+    parameters: int = 0  # the trained model's, counted before any fast path replaced its layers
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> Loaded:
-    return from_state(load(path), device)
+def load_model(path: str | Path, device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
+    return from_state(load(path), device, precision)
 
 
-def from_state(state: dict[str, Any], device: torch.device | str = "cpu") -> Loaded:
-    """A checkpoint's state (as `load` returns it) made ready to translate with."""
+def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
+    """A checkpoint's state (as `load` returns it) made ready to translate with in `precision` (see
+    `mt.fast.for_inference`); precision None keeps the plain model."""
     cfg = from_dict(state["config"])
     model = Transformer(cfg.model)
     model.load_state_dict(state["model"])
     model.to(device).eval()
-    return Loaded(model, cfg, Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"]), state)
+    parameters = count_parameters(model)
+    if precision is not None:
+        model = for_inference(model, precision)
+    return Loaded(model, cfg, Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"]), state, parameters)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from mt.checkpoint import load_model
-from mt.model import count_parameters
 
 ARCHITECTURE = ("d_model", "n_heads", "n_enc_layers", "n_dec_layers", "d_ff", "activation", "norm", "max_len",
                 "share_embeddings", "tie_output")
@@ -17,7 +16,7 @@ def describe(checkpoint_path: str | Path) -> dict[str, Any]:
     """A JSON-ready summary of the checkpoint. The model is rebuilt and its weights loaded, so the parameter
     count is that of the real model (shared tables counted once), and a checkpoint that cannot be used fails
     here rather than at translation time."""
-    loaded = load_model(checkpoint_path)
+    loaded = load_model(checkpoint_path, precision=None)
     state = loaded.state
     model_cfg = state["config"]["model"]
     langs = state.get("langs") or {}
@@ -25,7 +24,7 @@ def describe(checkpoint_path: str | Path) -> dict[str, Any]:
         "checkpoint": str(checkpoint_path),
         "languages": {"src": langs.get("src"), "tgt": langs.get("tgt")},
         "step": state.get("step"),
-        "parameters": count_parameters(loaded.model),
+        "parameters": loaded.parameters,
         "architecture": {key: model_cfg[key] for key in ARCHITECTURE if key in model_cfg},
         "vocabulary": {"src": loaded.src_tok.vocab_size, "tgt": loaded.tgt_tok.vocab_size,
                        "joint": state["spm"]["src"] == state["spm"]["tgt"]},

@@ -21,7 +21,6 @@ from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
 from mt.lines import read_text, write_lines
-from mt.model import count_parameters
 from mt.translate import Options, translate_stream
 
 
@@ -65,7 +64,7 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
         "train_minutes": round(position["elapsed"] / 60, 1),
         "steps": position["step"],
         "epochs": round(epochs_trained(loaded.config, data_dir, position), 1),
-        "parameters": count_parameters(loaded.model),
+        "parameters": loaded.parameters,
         "averaged_steps": metrics.get("averaged_steps"),
         "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty},
         "valid_bleu": tuned[0].get("bleu"),

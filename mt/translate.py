@@ -27,7 +27,7 @@ from mt.data import batch_by_tokens, pad
 from mt.device import autocast as device_autocast
 from mt.device import pick_device
 from mt.errors import MtError
-from mt.fast import PRECISIONS, for_inference
+from mt.fast import PRECISIONS
 from mt.lines import read_text, write_lines
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
@@ -127,10 +127,9 @@ def load(request: Request) -> tuple[Loaded, Options, torch.device]:
     if request.threads:
         torch.set_num_threads(request.threads)
     device = pick_device(request.device)
-    loaded = load_model(request.checkpoint, device)
     if request.precision == "int8" and device.type != "cpu":
         raise MtError("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
-    loaded.model = for_inference(loaded.model, request.precision)
+    loaded = load_model(request.checkpoint, device, request.precision)
     opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
                                nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
