@@ -17,15 +17,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
-from mt.config import ModelConfig
-from mt.data import pad
-from mt.device import autocast, autocast_dtype
-from mt.fast import for_inference, for_training
+from mt.config import Config, ModelConfig
+from mt.data import Batch, Split, collate, epoch_batches, pad
+from mt.device import autocast, autocast_dtype, pick_device
+from mt.errors import MtError
+from mt.fast import PRECISIONS, for_inference, for_training
 from mt.model import Transformer, count_parameters
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
@@ -52,68 +54,106 @@ class TranslateBench:
     threads: int = 0
     runs: int = 5
     seed: int = 0
+    device: str = "auto"  # auto, cpu or cuda
+
+
+def preset_config(name: str, dropout: float = 0.0) -> ModelConfig:
+    if name not in PRESETS:
+        raise MtError(f"preset must be one of {', '.join(PRESETS)}, not {name!r}")
+    return ModelConfig(**PRESETS[name], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=dropout)
 
 
 def preset_model(name: str, seed: int = 0) -> Transformer:
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, not {name!r}")
+    config = preset_config(name)
     torch.manual_seed(seed)
-    cfg = ModelConfig(**PRESETS[name], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0)
-    return Transformer(cfg).eval()
+    return Transformer(config).eval()
 
 
 def bench_translate(setting: TranslateBench) -> dict:
+    """Translation throughput of one setting: the median of `runs` timed runs after a warm-up run."""
     if setting.threads:
         torch.set_num_threads(setting.threads)
+    device = pick_device(setting.device)
+    if setting.precision not in PRECISIONS or setting.precision == "int8" and device.type != "cpu":
+        raise MtError(f"--precision {setting.precision}: fp32 or bf16, or int8 on a CPU")
     n = setting.sentences or max(setting.batch, 16)
-    if setting.checkpoint:
-        from mt.checkpoint import load_model
-        from mt.lines import read_text
-
-        if not setting.input:
-            raise ValueError("--checkpoint needs --input FILE: the real sentences to translate")
-        loaded = load_model(setting.checkpoint, precision=setting.precision)
-        parameters = loaded.parameters
-        lines = read_text(setting.input)[:n]
-        opts = Options.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
-        opts.batch_tokens = setting.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
-        counted: list[int] = []
-
-        def run() -> None:
-            results = translate_lines(loaded, lines, opts, torch.device("cpu"))
-            counted[:] = [sum(len(h[0].tokens) + 1 for h in results if h)]
-    else:
-        model = preset_model(setting.preset, setting.seed)
-        parameters = count_parameters(model)
-        model = for_inference(model, setting.precision)
-        g = torch.Generator().manual_seed(setting.seed)
-        srcs = [torch.randint(4, VOCAB, (setting.src_len,), generator=g).tolist() for _ in range(n)]
-        batches = [pad(srcs[i:i + setting.batch], [], [EOS]) for i in range(0, n, setting.batch)]
-        counted = [n * setting.tgt_len]
-
-        def run() -> None:
-            with autocast(torch.bfloat16 if setting.precision == "bf16" else None, torch.device("cpu")):
-                for src in batches:  # exactly tgt_len tokens each: EOS barred before, forced at tgt_len + 1
-                    if setting.beam == 1:
-                        greedy(model, src, 0.0, setting.tgt_len + 1, min_len=setting.tgt_len)
-                    else:
-                        beam_search(model, src, setting.beam, 0.6, 0.0, setting.tgt_len + 1, min_len=setting.tgt_len)
-
-    run()  # warm-up: allocator, kernels, caches
-    times = []
-    for _ in range(setting.runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+    run, counted, parameters = (checkpoint_workload if setting.checkpoint else preset_workload)(setting, n, device)
+    times = timed(run, setting.runs, device)
     median = statistics.median(times)
     return {
-        "bench": "translate", **asdict(setting), "sentences": n, "threads": torch.get_num_threads(),
-        "cpu_matmul": cpu_matmul(), "parameters": parameters,
+        "bench": "translate", **asdict(setting), "device": str(device), "sentences": n,
+        "threads": torch.get_num_threads(), "cpu_matmul": cpu_matmul(), "parameters": parameters,
         "tgt_tokens": counted[0], "median_s": median, "min_s": min(times),
-        "tgt_tok_per_s": counted[0] / median, "sent_per_s": n / median,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "tgt_tok_per_s": counted[0] / median, "sent_per_s": n / median, **peak_memory(device),
         "torch": torch.__version__,
     }
+
+
+def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device) -> tuple[Callable, list[int], int]:
+    """A trained checkpoint translating the first `n` lines of a real file, at their real lengths."""
+    from mt.checkpoint import load_model
+    from mt.lines import read_text
+
+    if not setting.input:
+        raise MtError("--checkpoint needs --input FILE: the real sentences to translate")
+    loaded = load_model(setting.checkpoint, device, setting.precision)
+    lines = read_text(setting.input)[:n]
+    opts = Options.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
+    opts.batch_tokens = setting.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
+    counted: list[int] = [0]
+
+    def run() -> None:
+        results = translate_lines(loaded, lines, opts, device)
+        counted[:] = [sum(len(h[0].tokens) + 1 for h in results if h)]
+
+    return run, counted, loaded.parameters
+
+
+def preset_workload(setting: TranslateBench, n: int, device: torch.device) -> tuple[Callable, list[int], int]:
+    """A random-weight preset translating `n` random sources into exactly `tgt_len` tokens each."""
+    model = preset_model(setting.preset, setting.seed).to(device)
+    parameters = count_parameters(model)
+    model = for_inference(model, setting.precision)
+    g = torch.Generator().manual_seed(setting.seed)
+    srcs = [torch.randint(4, VOCAB, (setting.src_len,), generator=g).tolist() for _ in range(n)]
+    batches = [pad(srcs[i:i + setting.batch], [], [EOS]).to(device) for i in range(0, n, setting.batch)]
+    limit, exact = setting.tgt_len + 1, setting.tgt_len  # EOS barred before tgt_len tokens, forced after
+
+    def run() -> None:
+        with autocast(torch.bfloat16 if setting.precision == "bf16" else None, device):
+            for src in batches:
+                if setting.beam == 1:
+                    greedy(model, src, 0.0, limit, min_len=exact)
+                else:
+                    beam_search(model, src, setting.beam, 0.6, 0.0, limit, min_len=exact)
+
+    return run, [n * setting.tgt_len], parameters
+
+
+def timed(run: Callable, runs: int, device: torch.device) -> list[float]:
+    """Seconds of each of `runs` calls of `run`, after one untimed warm-up call (allocator, kernels, caches)."""
+    run()
+    times = []
+    for _ in range(runs):
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queue, so a timer reads work done rather than work launched."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        peak["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return peak
 
 
 def grid() -> list[TranslateBench]:
@@ -166,6 +206,7 @@ class TrainBench:
     steps: int = 10  # timed steps, after `warmup` untimed ones
     warmup: int = 3
     dropout: float = 0.1
+    device: str = "auto"  # auto, cpu or cuda
 
 
 def train_grid(data: str | None = None) -> list[TrainBench]:
@@ -215,78 +256,107 @@ def cpu_matmul() -> str:
     return "onednn" if use_onednn() else "mkl"
 
 
-def matmul_peak(precision: str, size: int = 2048, runs: int = 3) -> float:
-    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator): the faster of PyTorch's
-    two CPU kernels, MKL and oneDNN (see mt/linear.py), so the choice of kernel cannot flatter the MFU."""
+def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
+    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator); on a CPU the faster of
+    PyTorch's two kernels, MKL and oneDNN (see mt/linear.py), so the choice of kernel cannot flatter the MFU."""
     from mt.linear import onednn_available, onednn_mm
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     kernels = [lambda: a @ b]
-    if onednn_available():
+    if device.type == "cpu" and onednn_available():
         kernels.append(lambda: onednn_mm(a, b.t()))
-    best = float("inf")
-    for kernel in kernels:
-        kernel()
-        for _ in range(runs):
-            start = time.perf_counter()
-            kernel()
-            best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
+    return 2 * size ** 3 / min(min(timed(kernel, runs, device)) for kernel in kernels)
 
 
 def bench_train(setting: TrainBench) -> dict:
-    from mt.config import Config
-    from mt.data import Batch, Split, collate, epoch_batches
+    """Training throughput of one setting: `warmup` untimed steps, then `steps` timed ones."""
     from mt.train import adam, train_step
 
+    if setting.precision not in ("fp32", "bf16"):
+        raise MtError(f"--precision {setting.precision}: must be fp32 or bf16")
     if setting.threads:
         torch.set_num_threads(setting.threads)
+    device = pick_device(setting.device)
     torch.manual_seed(0)
-    cfg = Config(model=ModelConfig(**PRESETS[setting.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB,
-                                   dropout=setting.dropout))
-    amp_dtype = autocast_dtype(setting.precision, torch.device("cpu"))
-    total = setting.warmup + setting.steps
-    if setting.data:
-        split = Split(setting.data, "train")
-        cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
-                                                                  int(split.tgt_ids.max()) + 1)
-        order = epoch_batches(split, setting.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
-        load_start = time.perf_counter()
-        batches = [collate(split, idx, cfg.model.max_len) for idx in order]
-        load_seconds = (time.perf_counter() - load_start) / len(batches)
-    else:
-        g = torch.Generator().manual_seed(0)
-        src = torch.randint(4, VOCAB, (setting.batch, setting.src_len), generator=g)
-        tgt = torch.randint(4, VOCAB, (setting.batch, setting.tgt_len + 1), generator=g)
-        src[:, -1] = EOS
-        fixed = Batch(src, tgt[:, :-1], tgt[:, 1:], setting.batch * setting.tgt_len)
-        batches, load_seconds = [fixed] * total, 0.0
-    model = for_training(Transformer(cfg.model)).train()  # the model as `mt train` trains it
+    cfg = Config(model=preset_config(setting.preset, setting.dropout))
+    amp_dtype = autocast_dtype(setting.precision, device)
+    batches, load_seconds = train_batches(setting, cfg)
+    model = for_training(Transformer(cfg.model).to(device)).train()  # the model as `mt train` trains it
     optimizer = adam(list(model.parameters()), cfg.train)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    device = torch.device("cpu")
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
     times = []
     for i, batch in enumerate(batches):
+        synchronize(device)
         start = time.perf_counter()
-        train_step(model, optimizer, scaler, [batch], cfg, device, amp_dtype, 1e-4)
+        train_step(model, optimizer, scaler, [batch.to(device)], cfg, device, amp_dtype, 1e-4)
+        synchronize(device)
         if i >= setting.warmup:
             times.append(time.perf_counter() - start)
-    timed = batches[setting.warmup:]
-    tgt_tokens = sum(x.n_tgt_tokens for x in timed)
-    src_tokens = sum(int((x.src != 0).sum()) for x in timed)
-    padded = sum(x.src.numel() + x.tgt_out.numel() for x in timed)
+    timed_batches = batches[setting.warmup:]
+    tgt_tokens = sum(x.n_tgt_tokens for x in timed_batches)
+    src_tokens = sum(int((x.src != 0).sum()) for x in timed_batches)
+    padded = sum(x.src.numel() + x.tgt_out.numel() for x in timed_batches)
     flops = sum(train_flops(cfg.model, int((x.src != 0).sum()), x.n_tgt_tokens, x.src.size(1), x.tgt_out.size(1))
-                for x in timed)
+                for x in timed_batches)
     seconds = sum(times)
-    peak = matmul_peak(setting.precision)
+    peak = matmul_peak(setting.precision, device)
     return {
-        "bench": "train", **asdict(setting), "threads": torch.get_num_threads(), "cpu_matmul": cpu_matmul(),
-        "parameters": count_parameters(model),
+        "bench": "train", **asdict(setting), "device": str(device), "threads": torch.get_num_threads(),
+        "cpu_matmul": cpu_matmul(), "parameters": count_parameters(model),
         "median_step_s": statistics.median(times), "tgt_tok_per_s": tgt_tokens / seconds,
         "src_tok_per_s": src_tokens / seconds, "flops_per_tgt_token": flops / tgt_tokens,
         "achieved_tflops": flops / seconds / 1e12, "peak_tflops": peak / 1e12, "mfu": flops / seconds / peak,
         "padding_fraction": 1 - (src_tokens + tgt_tokens) / padded,
         "data_loading_fraction": load_seconds / (seconds / len(times) + load_seconds),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "torch": torch.__version__,
+        **peak_memory(device), "torch": torch.__version__,
     }
+
+
+def train_batches(setting: TrainBench, cfg: Config) -> tuple[list[Batch], float]:
+    """The setting's batches on the host (a prepared corpus's real ones, or one fixed-shape batch repeated), and
+    the seconds collating one took."""
+    total = setting.warmup + setting.steps
+    if not setting.data:
+        g = torch.Generator().manual_seed(0)
+        src = torch.randint(4, VOCAB, (setting.batch, setting.src_len), generator=g)
+        tgt = torch.randint(4, VOCAB, (setting.batch, setting.tgt_len + 1), generator=g)
+        src[:, -1] = EOS
+        return [Batch(src, tgt[:, :-1], tgt[:, 1:], setting.batch * setting.tgt_len)] * total, 0.0
+    if not (Path(setting.data) / "train.src.ids.npy").is_file():
+        raise MtError(f"--data {setting.data}: no prepared training split there (train.src.ids.npy); run `mt "
+                      "prepare` first")
+    split = Split(setting.data, "train")
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
+                                                              int(split.tgt_ids.max()) + 1)
+    order = epoch_batches(split, setting.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
+    load_start = time.perf_counter()
+    batches = [collate(split, idx, cfg.model.max_len) for idx in order]
+    return batches, (time.perf_counter() - load_start) / len(batches)
+
+
+def run_grid(kind: str, threads: int, data: str | None, readme: Path | None, as_json: bool,
+             echo: Callable[[str, bool], None]) -> None:
+    """`mt bench KIND --grid`: each standard setting in its own process, a row echoed as it finishes, then the
+    table (also written between its markers in `readme`)."""
+    settings = grid() if kind == "translate" else train_grid(data)
+    table_of = markdown_table if kind == "translate" else train_markdown_table
+    rows = []
+    for setting in settings:
+        setting.threads = threads
+        rows.append(run_isolated(kind, setting))
+        echo(json.dumps(rows[-1]) if as_json else table_of(rows[-1:]).splitlines()[-1], not as_json)
+    table = table_of(rows)
+    echo(table, False)
+    if readme is not None:
+        command = f"mt bench {kind} --grid --readme {readme}" + (f" --data {data}" if data else "")
+        write_readme_table(readme, kind, table, command)
+
+
+def summary(result: dict) -> str:
+    """One setting's result as `mt bench` prints it without --json."""
+    if result["bench"] == "translate":
+        return markdown_table([result])
+    return (f"{result['tgt_tok_per_s']:,.0f} tgt tok/s · MFU {result['mfu']:.1%} of "
+            f"{result['peak_tflops'] * 1000:.0f} GFLOP/s · {result['flops_per_tgt_token'] / 1e6:.1f} MFLOP/token"
+            f" · padding {result['padding_fraction']:.1%} · peak RSS {result['peak_rss_mb']:,.0f} MB")

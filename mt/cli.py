@@ -260,35 +260,26 @@ def bench_translate(
     sentences: Annotated[int, typer.Option(help="Sentences per timed run [default: max(batch, 16)].")] = 0,
     src_len: Annotated[int, typer.Option(help="Source tokens per sentence (presets).")] = 24,
     tgt_len: Annotated[int, typer.Option(help="Output tokens per sentence, forced (presets).")] = 24,
-    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization).")] = "fp32",
+    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization, CPU).")] = "fp32",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
     runs: Annotated[int, typer.Option(help="Timed runs; the median is reported.")] = 5,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting.")] = False,
-    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table into this README.")] = None,
+    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
 ) -> None:
     """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
     import json
 
-    from mt.bench import TranslateBench, markdown_table, run_isolated, write_readme_table
-    from mt.bench import bench_translate as run
-    from mt.bench import grid as standard_grid
+    from mt.bench import TranslateBench, bench_translate, run_grid, summary
 
-    if not grid:
-        b = TranslateBench(preset, str(checkpoint) if checkpoint else None, str(input) if input else None, beam,
-                           batch, sentences, src_len, tgt_len, precision, threads, runs)
-        result = run(b)
-        typer.echo(json.dumps(result) if json_ else markdown_table([result]))
-        return
-    rows = []
-    for b in standard_grid():
-        b.threads = threads
-        rows.append(run_isolated("translate", b))
-        typer.echo(json.dumps(rows[-1]) if json_ else markdown_table(rows[-1:]).splitlines()[-1], err=not json_)
-    table = markdown_table(rows)
-    typer.echo(table)
-    if readme is not None:
-        write_readme_table(readme, "translate", table, "mt bench translate --grid --readme README.md")
+    if grid:
+        return run_grid("translate", threads, None, readme, json_, echo)
+    result = bench_translate(TranslateBench(
+        preset=preset, checkpoint=str(checkpoint) if checkpoint else None, input=str(input) if input else None,
+        beam=beam, batch=batch, sentences=sentences, src_len=src_len, tgt_len=tgt_len, precision=precision,
+        threads=threads, runs=runs, device=device))
+    typer.echo(json.dumps(result) if json_ else summary(result))
 
 
 @bench_app.command("train")
@@ -300,40 +291,25 @@ def bench_train(
     tgt_len: Annotated[int, typer.Option(help="Fixed-shape batches: target tokens per sentence.")] = 24,
     max_tokens: Annotated[int, typer.Option(help="With --data: token budget per batch.")] = 4096,
     precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast).")] = "fp32",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
     steps: Annotated[int, typer.Option(help="Timed training steps (after 3 warm-up steps).")] = 10,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting (--data adds a real-batch row).")] = False,
-    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table into this README.")] = None,
+    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object (per setting).")] = False,
 ) -> None:
     """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
     import json
 
-    from mt.bench import TrainBench, run_isolated, train_grid, train_markdown_table, write_readme_table
-    from mt.bench import bench_train as run
+    from mt.bench import TrainBench, bench_train, run_grid, summary
 
-    if precision not in ("fp32", "bf16"):
-        fail(f"--precision {precision}: must be fp32 or bf16")
-    if data is not None and not (data / "train.src.ids.npy").is_file():
-        fail(f"--data {data}: no prepared training split there (train.src.ids.npy); run `mt prepare` first")
     if grid:
-        rows = []
-        for b in train_grid(str(data) if data else None):
-            b.threads = threads
-            rows.append(run_isolated("train", b))
-            typer.echo(json.dumps(rows[-1]) if json_ else train_markdown_table(rows[-1:]).splitlines()[-1],
-                       err=not json_)
-        table = train_markdown_table(rows)
-        typer.echo(table)
-        if readme is not None:
-            command = "mt bench train --grid --readme README.md" + (f" --data {data}" if data else "")
-            write_readme_table(readme, "train", table, command)
-        return
-    result = run(TrainBench(preset, str(data) if data else None, batch, src_len, tgt_len, max_tokens, precision,
-                            threads, steps))
-    if json_:
-        typer.echo(json.dumps(result))
-    else:
-        typer.echo(f"{result['tgt_tok_per_s']:,.0f} tgt tok/s · MFU {result['mfu']:.1%} of "
-                   f"{result['peak_tflops'] * 1000:.0f} GFLOP/s · {result['flops_per_tgt_token'] / 1e6:.1f} MFLOP/token"
-                   f" · padding {result['padding_fraction']:.1%} · peak RSS {result['peak_rss_mb']:,.0f} MB")
+        return run_grid("train", threads, str(data) if data else None, readme, json_, echo)
+    result = bench_train(TrainBench(
+        preset=preset, data=str(data) if data else None, batch=batch, src_len=src_len, tgt_len=tgt_len,
+        max_tokens=max_tokens, precision=precision, threads=threads, steps=steps, device=device))
+    typer.echo(json.dumps(result) if json_ else summary(result))
+
+
+def echo(line: str, err: bool) -> None:
+    typer.echo(line, err=err)

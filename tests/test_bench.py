@@ -135,3 +135,38 @@ def test_grid_settings_reach_the_isolated_process():
     assert (result["batch"], result["src_len"], result["tgt_len"], result["steps"]) == (2, 4, 3, 1)
     assert {"tgt_tok_per_s", "flops_per_tgt_token", "mfu", "padding_fraction", "peak_rss_mb"} <= result.keys()
     assert "| small | 2 × (4 + 3) | fp32 |" in train_markdown_table([result])
+
+
+def test_grid_writes_its_table_and_the_command_that_made_it_into_the_given_file(tmp_path, monkeypatch):
+    import mt.bench
+
+    def fake_run(kind, setting):
+        return {"preset": setting.preset, "beam": setting.beam, "batch": setting.batch,
+                "precision": setting.precision, "tgt_tok_per_s": 1000.0, "sent_per_s": 40.0, "median_s": 0.5,
+                "peak_rss_mb": 300.0}
+
+    monkeypatch.setattr(mt.bench, "run_isolated", fake_run)
+    shown = []
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.parent.mkdir()
+    doc.write_text("# Benchmarks\n\n<!-- bench:translate -->\nold\n<!-- /bench:translate -->\n\nafter\n")
+    mt.bench.run_grid("translate", 2, None, doc, False, lambda line, err: shown.append((line, err)))
+    text = doc.read_text()
+    assert f"`mt bench translate --grid --readme {doc}`" in text and "old" not in text
+    assert text.startswith("# Benchmarks") and text.endswith("after\n")
+    rows = [line for line in text.splitlines() if line.startswith("| small") or line.startswith("| base")]
+    assert len(rows) == len(mt.bench.grid()) and all(err for _, err in shown[:-1]) and not shown[-1][1]
+
+
+def test_a_bad_setting_is_a_user_error_not_a_traceback():
+    from mt.bench import TrainBench, bench_train
+    from mt.errors import MtError
+
+    with pytest.raises(MtError, match="preset must be one of"):
+        bench_translate(TranslateBench(preset="huge"))
+    with pytest.raises(MtError, match="preset must be one of"):
+        bench_train(TrainBench(preset="huge"))
+    with pytest.raises(MtError, match="fp32 or bf16"):
+        bench_train(TrainBench(precision="fp16"))
+    with pytest.raises(MtError, match="--checkpoint needs --input"):
+        bench_translate(TranslateBench(checkpoint="x.pt"))
