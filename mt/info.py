@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mt.checkpoint import load_model
+from mt.config import flatten
 
 ARCHITECTURE = ("d_model", "n_heads", "n_enc_layers", "n_dec_layers", "d_ff", "activation", "norm", "max_len",
                 "share_embeddings", "tie_output")
@@ -74,13 +75,3 @@ def format_value(value: Any) -> str:
         return f"{value:.4g}"
     return str(value)
 
-
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"model": {"d_model": 512}} → {"model.d_model": 512}: the keys `--set` takes."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
