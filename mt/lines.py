@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,40 +19,47 @@ from mt.errors import MtError
 ENCODING_ERRORS = ("strict", "replace", "ignore")
 
 
+def read_lines(source: str | Path | BinaryIO, encoding_errors: str = "strict", empty_ok: bool = False,
+               ask: Callable[[], None] | None = None, name: str = "stdin") -> Iterator[str]:
+    """Yield the lines of a UTF-8 file (plain, or gzip by suffix) or of a binary stream such as stdin (called
+    `name` in errors), without their "\\n" or "\\r\\n"; each line is read only when asked for, after `ask()`
+    (an interactive prompt). A leading byte-order mark is dropped. Raises `MtError` for a missing or unreadable
+    file, an empty one (unless `empty_ok`) and, when `encoding_errors` is "strict", invalid UTF-8.
+    """
+    if encoding_errors not in ENCODING_ERRORS:
+        raise MtError(f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}")
+    is_file = isinstance(source, (str, Path))
+    name, lineno = str(source) if is_file else name, 0
+    try:
+        with _open_binary(Path(source)) if is_file else nullcontext(source) as f:  # a stream given stays open
+            while True:
+                if ask is not None:
+                    ask()
+                raw = f.readline()
+                if not raw:
+                    break
+                lineno += 1
+                line = _decode(raw, name, lineno, encoding_errors)
+                yield (line.removeprefix("\ufeff") if lineno == 1 else line).removesuffix("\n").removesuffix("\r")
+    except FileNotFoundError:
+        raise MtError(f"{name}: no such file") from None
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a truncated .gz ends in EOFError
+        raise MtError(f"{name}: cannot read ({e})") from None
+    if lineno == 0 and not empty_ok:
+        raise MtError(f"{name}: file is empty")
+
+
 def _open_binary(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def read_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """Yield the lines of a plain or gzip (by suffix) UTF-8 file, without their "\\n" or "\\r\\n".
-
-    A leading byte-order mark is dropped. Raises `MtError` for a missing, unreadable or empty file and, when
-    `encoding_errors` is "strict", for invalid UTF-8.
-    """
-    if encoding_errors not in ENCODING_ERRORS:
-        raise MtError(
-            f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}"
-        )
-    path, lineno = Path(path), 0
+def _decode(raw: bytes, name: str, lineno: int, encoding_errors: str) -> str:
     try:
-        with _open_binary(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8", encoding_errors)
-                except UnicodeDecodeError as e:
-                    raise MtError(
-                        f"{path}:{lineno}: invalid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                        "fix the file, or pass --encoding-errors replace (mt prepare, mt translate)"
-                    ) from None
-                if lineno == 1:
-                    line = line.removeprefix("\ufeff")
-                yield line.removesuffix("\n").removesuffix("\r")
-    except FileNotFoundError:
-        raise MtError(f"{path}: no such file") from None
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a truncated .gz ends in EOFError
-        raise MtError(f"{path}: cannot read ({e})") from None
-    if lineno == 0:
-        raise MtError(f"{path}: file is empty")
+        return raw.decode("utf-8", encoding_errors)
+    except UnicodeDecodeError as e:
+        raise MtError(f"{name}:{lineno}: invalid UTF-8 ({e.reason}, byte 0x{raw[e.start]:02x} at column "
+                      f"{e.start + 1}); fix the file, or pass --encoding-errors replace (mt prepare, mt translate)"
+                      ) from None
 
 
 def read_text(path: str | Path, encoding_errors: str = "strict") -> list[str]:

@@ -11,7 +11,6 @@ teacher-forced, for alignments and heatmaps (see mt/attention.py).
 
 from __future__ import annotations
 
-import io
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from mt.device import autocast as device_autocast
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.fast import PRECISIONS
-from mt.lines import read_text, write_lines
+from mt.lines import read_lines, read_text, write_lines
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -114,7 +113,7 @@ def run(request: Request) -> None:
     if request.input is None and request.output is None and attention is None and sys.stdin.isatty():
         interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors)
         return
-    lines = read_input(request.input or sys.stdin.buffer, request.encoding_errors)
+    lines = read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True)
     write_output(translations(loaded, lines, opts, device, attention), request.output, request.alignments,
                  sys.stdout)
 
@@ -159,37 +158,17 @@ def interactive(loaded: Loaded, opts: Options, device: torch.device, stdin: Bina
                 stderr: TextIO, encoding_errors: str = "strict") -> None:
     """Translate each line as it is typed, until Ctrl-D or Ctrl-C; each line is a stream of its own (so that
     --nbest numbers every sentence 0), translated before the next prompt."""
+    def ask() -> None:
+        stderr.write(PROMPT)
+        stderr.flush()
+
     try:
-        for line in read_input(stdin, encoding_errors, prompt=stderr):
+        for line in read_lines(stdin, encoding_errors, empty_ok=True, ask=ask):
             write_output(translations(loaded, [line], opts, device), None, None, stdout)
     except KeyboardInterrupt:  # Ctrl-C quits as quietly as Ctrl-D
         pass
     stderr.write("\n")  # leave the shell's prompt on a line of its own
     stderr.flush()
-
-
-def read_input(source: Path | BinaryIO, encoding_errors: str, prompt: TextIO | None = None) -> Iterator[str]:
-    """The lines of a file or of a stream (stdin), decoded as UTF-8 (a leading BOM dropped) as they are read,
-    each ending at "\\n" only; with `prompt`, PROMPT is written there before each line is read."""
-    binary = open(source, "rb") if isinstance(source, Path) else source
-    text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors=encoding_errors, newline="\n")
-    try:
-        while True:
-            if prompt is not None:
-                prompt.write(PROMPT)
-                prompt.flush()
-            line = text.readline()
-            if not line:  # end of input, or Ctrl-D at a terminal
-                return
-            yield line
-    except UnicodeDecodeError as e:
-        name = source if isinstance(source, Path) else "stdin"
-        raise MtError(f"{name}: not valid UTF-8 ({e.reason}); fix the input or pass --encoding-errors replace") \
-            from None
-    finally:
-        text.detach()  # a stream given stays open
-        if binary is not source:
-            binary.close()
 
 
 def write_output(translated: Iterable[Translated], output: Path | None, alignments: Path | None,

@@ -375,7 +375,7 @@ def test_translate_refuses_bytes_that_are_not_utf8_and_writes_nothing(model_path
     src.write_bytes(b"the cat\nthe \xff dog\n")
     out = tmp_path / "out.txt"
     result = invoke("translate", "--checkpoint", model_path, "--input", src, "--output", out)
-    assert_one_line_error(result, str(src), "not valid UTF-8", "--encoding-errors replace")
+    assert_one_line_error(result, f"{src}:2: invalid UTF-8", "--encoding-errors replace")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
     result = invoke("translate", "--checkpoint", model_path, "--input", src, "--output", out,
                     "--encoding-errors", "replace")

@@ -172,7 +172,7 @@ def test_nbest_beyond_the_beam_widens_the_beam(model_path, monkeypatch, capsys):
 
 def test_bytes_that_are_not_utf8_name_stdin_and_the_way_out(model_path, monkeypatch, capsys):
     stdin_of(monkeypatch, b"the cat\nthe \xff dog\n")
-    with pytest.raises(MtError, match=r"^stdin: not valid UTF-8 .*--encoding-errors replace"):
+    with pytest.raises(MtError, match=r"^stdin:2: invalid UTF-8 .*--encoding-errors replace"):
         run(Request(model_path, beam=1))
     stdin_of(monkeypatch, b"the cat\nthe \xff dog\n")
     run(Request(model_path, beam=1, encoding_errors="replace"))
