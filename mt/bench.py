@@ -239,7 +239,8 @@ def matmul_peak(precision: str, size: int = 2048, runs: int = 3) -> float:
 def bench_train(setting: TrainBench) -> dict:
     from mt.config import Config
     from mt.data import Batch, Split, collate, epoch_batches
-    from mt.train import adam, train_step
+    from mt.optim import adam
+    from mt.train import train_step
 
     if setting.threads:
         torch.set_num_threads(setting.threads)

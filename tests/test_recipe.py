@@ -35,7 +35,7 @@ def test_patience_counts_validation_loss_when_bleu_is_off(prepared, tmp_path):  
 
 
 def test_validation_bleu_scores_what_beam_search_returns_when_asked(prepared, tmp_path, monkeypatch):  # noqa: F811
-    import mt.train
+    import mt.validate
 
     refs = read_text(prepared / "valid.tgt.txt")
     ref_ids = Tokenizer.load(prepared / "spm.model").encode(refs)
@@ -45,6 +45,6 @@ def test_validation_bleu_scores_what_beam_search_returns_when_asked(prepared, tm
         beams.append(opts.beam)
         return [[Hypothesis(ids, 0.0, 0.0)] for ids in ref_ids]
 
-    monkeypatch.setattr(mt.train, "translate_ids", search_that_finds_the_references)
+    monkeypatch.setattr(mt.validate, "translate_ids", search_that_finds_the_references)
     metrics = train(small_config(prepared, max_steps=5, valid_every=5, valid_beam=3), tmp_path, progress=False)
     assert beams == [3] and metrics["valid_bleu"] == pytest.approx(100.0)

@@ -10,9 +10,10 @@ from mt.config import Config, ModelConfig, TrainConfig, resume_config
 from mt.data import Batch, Split, batch_by_tokens, pad, shift_targets
 from mt.errors import MtError
 from mt.model import Transformer
+from mt.optim import adam, cooldown_factor, learning_rate
 from mt.search import greedy
 from mt.tokenizer import EOS, PAD
-from mt.train import adam, cooldown_factor, learning_rate, train_step
+from mt.train import train_step
 
 from .conftest import prepare_corpus
 
@@ -169,7 +170,7 @@ def test_fp16_skips_overflowing_steps_and_resumes_with_the_scalers_state(prepare
 
 
 def test_validation_loss_is_per_target_token_whatever_the_batching(prepared):
-    from mt.train import validation_metrics
+    from mt.validate import validation_metrics
 
     cfg = small_config(prepared, valid_bleu=False)
     cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 40
