@@ -17,7 +17,7 @@ from mt import distributed
 from mt.config import Config, to_dict
 
 if TYPE_CHECKING:
-    from mt.train import Position
+    from mt.trainstate import Position
 
 
 class RunLog:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import signal
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mt import checkpoint, distributed
 from mt.config import TrainConfig
 from mt.errors import MtError
-
-if TYPE_CHECKING:
-    from mt.train import Position
+from mt.trainstate import Position
 
 
 class Stop(IntEnum):

@@ -119,14 +119,14 @@ def restore(run: Run, state: TrainState) -> None:
     if "weights" in saved:  # the best score so far was the average's: not comparable
         state.best_score, state.position.validations_since_best = -math.inf, 0
         run.log.note(f"{run.resumed_from} kept a moving average of the weights (train.ema, since removed): training "
-                 f"goes on from the raw weights, and validation and best.pt start afresh from step {step}")
+                     f"goes on from the raw weights, and validation and best.pt start afresh from step {step}")
     if run.main:
         checkpoint.restore_rng(saved["rng"], run.device)
     batches_before = saved.get("world_size", 1) * run.saved["config"]["train"]["accumulate"]
     batches_now = run.world * run.cfg.train.accumulate
     if batches_before != batches_now:
         run.log.note(f"{run.resumed_from} was trained with {batches_before} batches per step; from step {step} on a "
-                 f"step takes {batches_now} ({run.world} processes × train.accumulate={run.cfg.train.accumulate})")
+                     f"step takes {batches_now} ({run.world} processes × train.accumulate={run.cfg.train.accumulate})")
     # A run that validated at its last step (it ended, rather than being interrupted) is not validated again.
     metrics = run.saved.get("metrics") or {}
     if metrics.get("step") == step:
@@ -138,9 +138,9 @@ def start_log(run: Run, state: TrainState) -> None:
     run.log.open(run.out_dir, run.cfg)
     pairs, copies = len(run.train_data[0]), len(run.train_data)
     run.log.say(f"model: {count_parameters(state.model):,} parameters · device {run.device}"
-            + (f" × {run.world} processes" if run.world > 1 else "")
-            + f" · precision {run.amp_dtype or torch.float32} · {pairs:,} training pairs"
-            + (f", {copies} sampled segmentations" if copies > 1 else ""))
+                + (f" × {run.world} processes" if run.world > 1 else "")
+                + f" · precision {run.amp_dtype or torch.float32} · {pairs:,} training pairs"
+                + (f", {copies} sampled segmentations" if copies > 1 else ""))
 
 
 def loop(run: Run, state: TrainState) -> dict:
@@ -277,7 +277,6 @@ def stop_interrupted(run: Run, state: TrainState, received: str) -> NoReturn:
     raise TrainInterrupted(f"{received or 'SIGTERM (on another process)'} at step {state.position.step}: saved "
                            f"{run.out_dir / checkpoint.LAST}. Continue with: {launcher}mt train --resume "
                            f"--out {run.out_dir}")
-
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,

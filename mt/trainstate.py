@@ -60,7 +60,6 @@ class Run:
         return self.rank == 0
 
 
-
 @dataclass
 class TrainState:
     """What changes while a run trains."""
