@@ -74,8 +74,6 @@ def small_config(data, **train_changes):
 
 
 def train_run(cfg, run, resume=False):
-    from mt.train import train
-
     return train(cfg, run, resume=resume, progress=False)
 
 
@@ -152,17 +150,12 @@ def test_fp16_skips_overflowing_steps_and_resumes_with_the_scalers_state(prepare
 
 
 def test_a_run_directory_is_never_overwritten(prepared, tmp_path):
-    from mt.train import train
-
     train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
     with pytest.raises(MtError, match="already holds a run; pass --resume"):
         train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
 
 
 def test_vocabulary_mismatch_is_a_clear_error(prepared, tmp_path):
-
-    from mt.train import train
-
     cfg = small_config(prepared, max_steps=10)
     cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 999
     with pytest.raises(MtError, match="vocabulary of"):
@@ -192,7 +185,7 @@ def test_patience_counts_validation_loss_when_bleu_is_off(prepared, tmp_path):
     assert checkpoint.load(tmp_path / "best.pt")["step"] >= 20
 
 
-# Runs in one thread, so that runs in different processes agree bit for bit: a killed, an interrupted, a diverging run.
+# A killed, an interrupted, a diverging run: one thread each, so that runs in different processes agree bit for bit.
 
 
 @pytest.fixture(scope="module")
