@@ -23,10 +23,11 @@ import torch.nn.functional as F
 from mt.bench import PRESETS, VOCAB
 from mt.config import Config, ModelConfig
 from mt.data import Batch
-from mt.model import Transformer
-from mt.tokenizer import EOS
 from mt.memory import keep_freed_memory
-from mt.train import adam, train_step
+from mt.model import Transformer
+from mt.optim import adam
+from mt.tokenizer import EOS
+from mt.train import train_step
 
 
 def marian(preset: str):

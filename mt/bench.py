@@ -271,7 +271,8 @@ def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: in
 
 def bench_train(setting: TrainBench) -> dict:
     """Training throughput of one setting: `warmup` untimed steps, then `steps` timed ones."""
-    from mt.train import adam, train_step
+    from mt.optim import adam
+    from mt.train import train_step
 
     if setting.precision not in ("fp32", "bf16"):
         raise MtError(f"--precision {setting.precision}: must be fp32 or bf16")

@@ -67,8 +67,7 @@ class TrainConfig:
     # auto: bf16 (or fp16 with a grad scaler) on GPU; on CPU bf16 if native, else fp32 (fp16 on CPU: slow, for tests)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     threads: int = 0  # CPU threads; 0: PyTorch's default
-    # torch.compile the model for training; off by default, as it did not speed up CPU training (the first steps
-    # pay for compiling: try it on GPUs).
+    # torch.compile the model for training; off, as it did not speed up CPU training (try it on GPUs)
     compile: bool = False
 
 

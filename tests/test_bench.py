@@ -1,12 +1,7 @@
-import copy
 import json
 import subprocess
 import sys
 
-import pytest
-import torch
-
-import mt.linear
 from mt.bench import (
     TranslateBench,
     bench_translate,
@@ -16,7 +11,6 @@ from mt.bench import (
     write_readme_table,
 )
 from mt.data import pad
-from mt.fast import Bf16Linear, for_inference
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -28,45 +22,6 @@ def test_fixed_output_length_makes_random_weights_do_full_work():
         assert len(h.tokens) == 6
     for hs in beam_search(model, src, 3, 0.6, 0.0, 7, min_len=6):
         assert len(hs[0].tokens) == 6
-
-
-def test_int8_model_stays_close_to_fp32():
-    model = preset_model("small")
-    quantized = for_inference(copy.deepcopy(model), "int8")  # converts in place
-    src = pad([[5, 6, 7, 8, 9, 10]], [], [EOS])
-    tgt = torch.tensor([[2, 11, 12, 13]])
-    with torch.no_grad():
-        full, q = model(src, tgt), quantized(src, tgt)
-    assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
-
-
-@pytest.mark.parametrize("bf16", [True, False])
-def test_int8_output_layer_is_bf16_only_on_cpus_that_multiply_bf16(monkeypatch, bf16):
-    flags = "fpu avx512f avx512_vnni" + (" avx512_bf16" if bf16 else "")
-    monkeypatch.setattr(mt.linear, "cpuinfo", lambda field: flags if field == "flags" else "")
-    model = preset_model("small")
-    quantized = for_inference(copy.deepcopy(model), "int8")
-    assert isinstance(quantized.output, Bf16Linear) == bf16
-    src = pad([[5, 6, 7, 8, 9, 10]], [], [EOS])
-    tgt = torch.tensor([[2, 11, 12, 13]])
-    with torch.no_grad():
-        h = model.decoder_states(tgt, *model.encode(src))
-        full, out = model.output(h), quantized.output(h)
-    assert out.dtype == torch.float32
-    assert (out - full).abs().max() <= 0.01 * full.abs().max()
-
-
-def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
-    model = preset_model("small")
-    frozen = for_inference(copy.deepcopy(model), "fp32")
-    assert not any(type(m) is torch.nn.Linear for m in frozen.modules())
-    g = torch.Generator().manual_seed(1)
-    src = pad([torch.randint(4, 8000, (n,), generator=g).tolist() for n in (3, 9, 6)], [], [EOS])
-    with torch.no_grad():
-        assert torch.allclose(model(src, src), frozen(src, src), atol=1e-4)
-    assert [h.tokens for h in greedy(model, src)] == [h.tokens for h in greedy(frozen, src)]
-    assert [[h.tokens for h in hs] for hs in beam_search(model, src, 3, nbest=3)] == \
-        [[h.tokens for h in hs] for hs in beam_search(frozen, src, 3, nbest=3)]
 
 
 def test_bench_reports_throughput_and_settings():

@@ -1,14 +1,19 @@
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from mt import checkpoint
 from mt.checkpoint import load_model
-from mt.config import Config, to_dict
+from mt.cli import app
+from mt.config import Config, resume_config, to_dict
 from mt.errors import MtError
+from mt.train import train
 
 from .conftest import tiny_model
+from .test_train import assert_same_saved_weights, data, one_thread_config, straight  # noqa: F401  (fixtures)
 
 
 def state_for(model, tokenizer):
@@ -77,3 +82,46 @@ def test_resuming_needs_the_training_state_and_passes_over_damaged_checkpoints(t
     err = capsys.readouterr().err
     assert f"warning: {run / 'last.pt'}: not a readable mt checkpoint" in err
     assert f"resuming from {run / 'checkpoint-7.pt'} (step 7)" in err
+
+
+def test_the_last_k_checkpoints_are_kept_and_a_damaged_last_falls_back(data, straight, tmp_path, capsys):  # noqa: F811
+    run = tmp_path / "run"
+    train(one_thread_config(data, max_steps=30, keep_checkpoints=2), run, progress=False)
+    assert sorted(p.name for p in run.glob("checkpoint-*.pt")) == ["checkpoint-20.pt", "checkpoint-30.pt"]
+    assert_same_saved_weights(run / "checkpoint-20.pt", straight / "checkpoint-20.pt")
+
+    # A torn write (or a bad disk) truncates last.pt in place; checkpoint-30.pt shares its bytes (a hard link).
+    last = run / "last.pt"
+    with open(last, "r+b") as f:
+        f.truncate(last.stat().st_size // 2)
+    capsys.readouterr()
+    cfg = resume_config(run, ["train.max_steps=40"])
+    train(cfg, run, resume=True, progress=False)
+    err = capsys.readouterr().err
+    assert f"warning: {last}: not a readable mt checkpoint" in err
+    assert f"resuming from {run / 'checkpoint-20.pt'} (step 20)" in err
+    assert sorted(p.name for p in run.glob("checkpoint-*.pt")) == ["checkpoint-30.pt", "checkpoint-40.pt"]
+    assert_same_saved_weights(last, straight / "checkpoint-40.pt")
+    assert_same_saved_weights(run / "checkpoint-30.pt", straight / "checkpoint-30.pt")  # rewritten whole
+
+
+def test_keep_checkpoints_zero_keeps_last_alone_and_nothing_readable_is_a_clear_error(data, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    train(one_thread_config(data, max_steps=10, keep_checkpoints=0), run, progress=False)
+    assert not list(run.glob("checkpoint-*.pt"))
+    (run / "last.pt").write_bytes(b"not a checkpoint")
+    result = CliRunner().invoke(app, ["train", "--resume", "--out", str(run)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert f"{run}: no readable checkpoint" in result.stderr and "last.pt" in result.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to simulate a full disk")
+def test_a_full_disk_is_a_clear_error_that_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.save({"model": {}, "config": {}, "spm": {}, "step": 1}, path)
+    before = path.read_bytes()
+    monkeypatch.setattr(checkpoint, "open", lambda _, mode: open("/dev/full", mode), raising=False)
+    with pytest.raises(checkpoint.MtError, match=f"{path}: cannot write \\(No space left on device\\)"):
+        checkpoint.save({"model": {"w": torch.zeros(10_000)}, "config": {}, "spm": {}, "step": 2}, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["last.pt"]

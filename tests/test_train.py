@@ -1,48 +1,31 @@
 import functools
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
+import mt.model
+import mt.train
 from mt import checkpoint
-from mt.config import Config, ModelConfig, TrainConfig, resume_config
-from mt.data import Batch, Split, batch_by_tokens, pad, shift_targets
+from mt.config import Config, ModelConfig, resume_config, to_dict
+from mt.data import Batch, Split, batch_by_tokens, epoch_batches, pad, shift_targets
 from mt.errors import MtError
 from mt.model import Transformer
+from mt.optim import learning_rate
 from mt.search import greedy
 from mt.tokenizer import EOS, PAD
-from mt.train import adam, cooldown_factor, learning_rate, train_step
+from mt.train import train, train_step
 
 from .conftest import prepare_corpus
 
-
-def test_learning_rate_warms_up_then_decays_as_inverse_sqrt():
-    peak, warmup = 1e-3, 100
-    assert learning_rate(1, peak, warmup) == pytest.approx(peak / 100)
-    assert learning_rate(100, peak, warmup) == pytest.approx(peak)
-    assert learning_rate(400, peak, warmup) == pytest.approx(peak / 2)
-    assert max(learning_rate(s, peak, warmup) for s in range(1, 1000)) == pytest.approx(peak)
-
-
-def test_cooldown_holds_the_rate_then_brings_it_linearly_to_zero_at_the_end_of_the_budget():
-    assert cooldown_factor(0.5, 0.0) == cooldown_factor(1.0, 0.0) == 1.0  # no cooldown
-    assert cooldown_factor(0.0, 0.2) == 1.0
-    assert cooldown_factor(0.8, 0.2) == pytest.approx(1.0)
-    assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
-    assert cooldown_factor(1.0, 0.2) == cooldown_factor(1.3, 0.2) == 0.0
-
-
-@pytest.mark.parametrize("grad_scale", [1e-3, 1.0, 1e3])
-def test_weight_decay_shrinks_each_weight_by_lr_times_decay_whatever_the_gradient(grad_scale):
-    # Decoupled (AdamW): the shrink is lr * weight_decay of the weight, on top of Adam's step, which is the same
-    # for any scale of the gradient. As L2 inside the gradient it would be normalised away by Adam's denominator.
-    w = torch.nn.Parameter(torch.full((3,), 2.0))
-    optimizer = adam([w], TrainConfig(lr=0.1, weight_decay=0.5, eps=1e-12))
-    w.grad = torch.full((3,), grad_scale)
-    optimizer.step()
-    adam_step = 0.1  # Adam's first step is lr * sign(gradient)
-    torch.testing.assert_close(w.detach(), torch.full((3,), 2.0 * (1 - 0.1 * 0.5) - adam_step))
+ROOT = Path(__file__).resolve().parents[1]  # subprocesses run `python -m mt` from the source tree
 
 
 def test_tiny_model_learns_to_copy():
@@ -91,8 +74,6 @@ def small_config(data, **train_changes):
 
 
 def train_run(cfg, run, resume=False):
-    from mt.train import train
-
     return train(cfg, run, resume=resume, progress=False)
 
 
@@ -168,33 +149,200 @@ def test_fp16_skips_overflowing_steps_and_resumes_with_the_scalers_state(prepare
     assert_same_weights(a["model"], b["model"])
 
 
-def test_validation_loss_is_per_target_token_whatever_the_batching(prepared):
-    from mt.train import validation_metrics
-
-    cfg = small_config(prepared, valid_bleu=False)
-    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 40
-    model = Transformer(cfg.model)
-    losses = []
-    for max_tokens in (32, 1024):  # one sentence a batch, and all of them in one padded batch
-        cfg.train.max_tokens = max_tokens
-        losses.append(validation_metrics(model, Split(prepared, "valid"), [], None, cfg, torch.device("cpu"),
-                                         None)["valid_loss"])
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-
-
 def test_a_run_directory_is_never_overwritten(prepared, tmp_path):
-    from mt.train import train
-
     train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
     with pytest.raises(MtError, match="already holds a run; pass --resume"):
         train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
 
 
 def test_vocabulary_mismatch_is_a_clear_error(prepared, tmp_path):
-
-    from mt.train import train
-
     cfg = small_config(prepared, max_steps=10)
     cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 999
     with pytest.raises(MtError, match="vocabulary of"):
         train(cfg, tmp_path / "run", progress=False)
+
+
+def test_training_stops_early_when_validation_stops_improving(prepared, tmp_path):
+    # A learning rate of 1e-12 leaves the greedy output, hence validation BLEU, unchanged: no validation after
+    # the first is a new best, and patience 2 stops the run at the third validation instead of step 100.
+    train(small_config(prepared, max_steps=100, valid_every=5, patience=2, lr=1e-12), tmp_path, progress=False)
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 15
+
+
+def test_an_early_stopped_run_stays_stopped_on_resume(prepared, tmp_path):
+    cfg = small_config(prepared, max_steps=100, valid_every=5, patience=2, lr=1e-12)
+    train(cfg, tmp_path, progress=False)
+    train(cfg, tmp_path, resume=True, progress=False)
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 15
+    assert sorted(step for step, _ in checkpoint.numbered(tmp_path)) == [5, 10, 15]  # nothing saved again
+
+
+def test_patience_counts_validation_loss_when_bleu_is_off(prepared, tmp_path):
+    # Without BLEU the score is minus the loss; a learning model improves it, so patience never runs out.
+    train(small_config(prepared, max_steps=30, valid_every=5, patience=3, valid_bleu=False), tmp_path,
+          progress=False)
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 30
+    assert checkpoint.load(tmp_path / "best.pt")["step"] >= 20
+
+
+# A killed, an interrupted, a diverging run: one thread each, so that runs in different processes agree bit for bit.
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return prepare_corpus(tmp_path_factory.mktemp("corpus"), n_train=300, n_valid=10)
+
+
+def one_thread_config(data: Path, **train_changes) -> Config:
+    """A tiny model, a checkpoint every 10 steps, one thread (so that runs in different processes agree bit for
+    bit), no BLEU decoding (validation loss is enough here)."""
+    cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64,
+                                                   dropout=0.1, max_len=32))
+    train_cfg = cfg.train
+    train_cfg.max_tokens, train_cfg.warmup, train_cfg.valid_every, train_cfg.log_every = 256, 10, 10, 5
+    train_cfg.valid_bleu, train_cfg.threads = False, 1
+    for key, value in train_changes.items():
+        setattr(train_cfg, key, value)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def straight(data, tmp_path_factory) -> Path:
+    """An uninterrupted 60-step run that keeps every checkpoint: the reference for the resumed runs."""
+    threads = torch.get_num_threads()
+    run = tmp_path_factory.mktemp("straight") / "run"
+    train(one_thread_config(data, max_steps=60, keep_checkpoints=100), run, progress=False)
+    torch.set_num_threads(threads)
+    return run
+
+
+def assert_same_saved_weights(a: Path, b: Path) -> None:
+    wa, wb = checkpoint.load(a)["model"], checkpoint.load(b)["model"]
+    assert wa.keys() == wb.keys()
+    for name, tensor in wa.items():
+        assert torch.equal(tensor, wb[name]), f"{name} differs between {a} and {b}"
+
+
+def all_finite(path: Path) -> bool:
+    return all(torch.isfinite(t).all() for t in checkpoint.load(path)["model"].values())
+
+
+def log_records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def start_training(cfg: Config, run: Path, tmp_path: Path) -> subprocess.Popen:
+    path = tmp_path / f"{run.name}.yaml"
+    path.write_text(yaml.safe_dump(to_dict(cfg)), encoding="utf-8")
+    return subprocess.Popen([sys.executable, "-m", "mt", "train", str(path), "--out", str(run), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"training ended (exit {process.returncode}) too soon:\n{process.stderr.read()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("timed out waiting for training to get going")
+        time.sleep(0.01)
+
+
+def logged_step(run: Path) -> int:
+    try:
+        return max((r["step"] for r in log_records(run)), default=0)
+    except (FileNotFoundError, json.JSONDecodeError):  # not yet written, or a line half-written
+        return 0
+
+
+def test_a_run_killed_mid_interval_resumes_to_the_same_weights(data, straight, tmp_path):
+    run = tmp_path / "killed"
+    process = start_training(one_thread_config(data, max_steps=60, keep_checkpoints=100), run, tmp_path)
+    # Step 15 is logged after the step-10 checkpoint and before the step-20 one: the kill loses work to redo.
+    wait_for(lambda: (run / "checkpoint-10.pt").is_file() and logged_step(run) >= 15, process)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    process.stderr.close()
+    process.stdout.close()
+    killed_at = checkpoint.load(run / "last.pt")["step"]
+    assert 10 <= killed_at < 60, "the kill must land mid-run"
+
+    resumed = subprocess.run([sys.executable, "-m", "mt", "train", "--resume", "--out", str(run), "--quiet"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr
+    assert checkpoint.load(run / "last.pt")["step"] == 60
+    assert_same_saved_weights(run / "last.pt", straight / "last.pt")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_and_sigterm_save_a_checkpoint_and_say_how_to_resume(data, tmp_path, sig):
+    run = tmp_path / "run"
+    process = start_training(one_thread_config(data, max_steps=100_000), run, tmp_path)
+    wait_for(lambda: (run / "checkpoint-10.pt").is_file(), process)  # the loop (and its handlers) is running
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    [message] = stderr.splitlines()
+    assert message.startswith(f"error: {sig.name} at step ")
+    assert f"mt train --resume --out {run}" in message
+    step = int(message.split(" at step ")[1].split(":")[0])
+    assert checkpoint.load(run / "last.pt")["step"] == step
+    assert checkpoint.load(run / f"checkpoint-{step}.pt")["step"] == step
+
+
+def test_a_non_finite_loss_skips_the_update_and_is_counted(data, tmp_path, monkeypatch):
+    real_forward = mt.model.Transformer.forward  # with a target, the training loss
+    calls = {"training": 0}
+
+    def forward_with_two_bad_batches(self, src, tgt, target=None, smoothing=0.0):
+        loss = real_forward(self, src, tgt, target, smoothing)
+        if target is None or not torch.is_grad_enabled():  # validation
+            return loss
+        calls["training"] += 1
+        return loss * float("nan") if calls["training"] in (3, 4) else loss
+
+    monkeypatch.setattr(mt.model.Transformer, "forward", forward_with_two_bad_batches)
+    run = tmp_path / "run"
+    cfg = one_thread_config(data, max_steps=10, max_tokens=128)
+    assert len(epoch_batches(Split(data, "train"), 128, cfg.model.max_len, cfg.train.seed, 0)) > 12
+    train(cfg, run, progress=False)
+    assert sum(r.get("skipped_steps", 0) for r in log_records(run)) == 2
+    state = checkpoint.load(run / "last.pt")
+    # Ten real updates; the two bad batches were consumed (not retried), and no update came from them.
+    assert state["step"] == 10 and calls["training"] == 12
+    assert state["train"]["position"]["batch"] == 12 and state["train"]["position"]["epoch"] == 0
+    assert all_finite(run / "last.pt")
+
+
+def test_a_diverging_run_stops_clearly(data, tmp_path):
+    run = tmp_path / "run"
+    train(one_thread_config(data, max_steps=4, valid_every=2), run, progress=False)
+    before = (run / "last.pt").read_bytes()
+    # Resumed with a silly learning rate: step 5 makes the weights huge (finite), so every later loss is NaN and
+    # every later step is skipped, until max_bad_steps of them in a row stop the run.
+    cfg = resume_config(run, ["train.lr=1e30", "train.max_bad_steps=3", "train.max_steps=100"])
+    with pytest.raises(MtError, match=r"after step 5: 3 steps in a row had a non-finite loss or gradients and "
+                                         r"were skipped; stopped\..*train\.lr.*train\.clip_norm.*fp32.*--resume"):
+        train(cfg, run, resume=True, progress=False)
+    assert log_records(run)[-1]["skipped_steps"] == 3
+    assert (run / "last.pt").read_bytes() == before
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_written(data, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train(one_thread_config(data, max_steps=4, valid_every=2), run, progress=False)
+    before = {p.name: p.read_bytes() for p in run.glob("*.pt")}
+    real_step = mt.train.train_step
+
+    def step_that_overflows(model, *args):  # an update that leaves an inf in the weights, as an overflow can
+        result = real_step(model, *args)
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = float("inf")
+        return result
+
+    monkeypatch.setattr(mt.train, "train_step", step_that_overflows)
+    cfg = resume_config(run, ["train.valid_every=1", "train.max_steps=100"])
+    with pytest.raises(MtError, match=r"step 5: the model's weights are not finite; no checkpoint written"):
+        train(cfg, run, resume=True, progress=False)
+    assert {p.name: p.read_bytes() for p in run.glob("*.pt")} == before
