@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mt.bench import (
     TranslateBench,
     bench_translate,
