@@ -18,8 +18,9 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 def train_command(*variables: str) -> str:
     """The command `make recipe` would train a new run with (`make -n` prints it without running anything)."""
-    out = subprocess.run(["make", "-n", "recipe", "NAME=multi30k_en_de", "SEED=7", *variables], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    # --no-print-directory: under `make test`, a nested make would announce the directory it enters.
+    out = subprocess.run(["make", "--no-print-directory", "-n", "recipe", "NAME=multi30k_en_de", "SEED=7", *variables],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return next(line for line in out.splitlines() if line.startswith("else "))
 
 
@@ -44,7 +45,8 @@ def test_one_process_trains_with_the_config_as_it_is():
 
 def dry_run(target: str, *variables: str) -> list[str]:
     """The commands `make TARGET` would run, without running them."""
-    out = subprocess.run(["make", "-n", target, *variables], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(["make", "--no-print-directory", "-n", target, *variables], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
     return out.stdout.splitlines()
 
 
