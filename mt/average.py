@@ -18,6 +18,7 @@ import torch
 from mt import checkpoint
 from mt.checkpoint import from_state
 from mt.errors import MtError
+from mt.options import DEVICE
 
 
 def choose(run_dir: str | Path, last: int = 0, best: int = 0) -> list[Path]:
@@ -74,7 +75,7 @@ def average(paths: list[Path]) -> dict[str, Any]:
 
 
 def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0,
-                        device: str = "auto") -> tuple[dict[str, Any], list[dict]]:
+                        device: str = DEVICE) -> tuple[dict[str, Any], list[dict]]:
     """What `mt average` does: `last` is a count or comma-separated counts; several counts are each averaged
     and the best on the valid split kept (`average_on_valid`, whose results are returned; else none)."""
     from mt.device import pick_device

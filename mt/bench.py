@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from mt.device import autocast, autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import PRECISIONS, for_inference, for_training
 from mt.model import Transformer, count_parameters
+from mt.options import TrainBench, TranslateBench
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
 from mt.translate import Options, translate_lines
@@ -38,23 +39,6 @@ PRESETS = {
     "base": dict(d_model=512, n_heads=8, n_enc_layers=6, n_dec_layers=6, d_ff=2048),
 }
 VOCAB = 8000
-
-
-@dataclass
-class TranslateBench:
-    preset: str = "small"
-    checkpoint: str | None = None
-    input: str | None = None  # with checkpoint: a real source file; its first `sentences` lines are used
-    beam: int = 4
-    batch: int = 64  # sentences per batch
-    sentences: int = 0  # per timed run; 0: max(batch, 16)
-    src_len: int = 24
-    tgt_len: int = 24
-    precision: str = "fp32"
-    threads: int = 0
-    runs: int = 5
-    seed: int = 0
-    device: str = "auto"  # auto, cpu or cuda
 
 
 def preset_config(name: str, dropout: float = 0.0) -> ModelConfig:
@@ -191,22 +175,6 @@ def write_readme_table(path: Path, name: str, table: str, command: str) -> None:
     else:
         text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
     path.write_text(text, encoding="utf-8")
-
-
-@dataclass
-class TrainBench:
-    preset: str = "small"
-    data: str | None = None  # a prepared data dir: real length-grouped batches of `max_tokens` instead
-    batch: int = 64  # fixed-shape batches: sentences per batch ...
-    src_len: int = 24  # ... of exactly this many source tokens (EOS included)
-    tgt_len: int = 24  # ... and target tokens
-    max_tokens: int = 4096
-    precision: str = "fp32"
-    threads: int = 0
-    steps: int = 10  # timed steps, after `warmup` untimed ones
-    warmup: int = 3
-    dropout: float = 0.1
-    device: str = "auto"  # auto, cpu or cuda
 
 
 def train_grid(data: str | None = None) -> list[TrainBench]:

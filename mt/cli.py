@@ -15,6 +15,7 @@ import mt.prepare
 import mt.tune
 from mt import __version__
 from mt.errors import MtError
+from mt.options import DEVICE, TrainBench, TranslateBench, TranslateRequest
 
 PREPARE = mt.prepare.Options()
 
@@ -117,12 +118,12 @@ def translate(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file [default: stdout].")] = None,
     beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy [default: the checkpoint's].")] = None,
     len_penalty: Annotated[float | None, typer.Option(help="GNMT length penalty alpha [default: the checkpoint's].")] = None,
-    nbest: Annotated[int, typer.Option(help="Output the N best translations as `line ||| text ||| score`.")] = 1,
+    nbest: Annotated[int, typer.Option(help="Output the N best translations as `line ||| text ||| score`.")] = TranslateRequest.nbest,
     batch_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch.")] = None,
-    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized linear layers, CPU).")] = "fp32",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
-    encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict or replace.")] = "strict",
+    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized linear layers, CPU).")] = TranslateRequest.precision,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TranslateRequest.device,
+    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = TranslateRequest.threads,
+    encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict or replace.")] = TranslateRequest.encoding_errors,
     attention: Annotated[Path | None, typer.Option(help="Write a cross-attention heatmap per input line into this directory: DIR/000001.png, ...")] = None,
     alignments: Annotated[Path | None, typer.Option(help="Write source-target alignments from the attention to this file, one line per input line, Pharaoh format (`0-0 1-2`, 0-based).")] = None,
     layer: Annotated[int | None, typer.Option(help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
@@ -133,10 +134,10 @@ def translate(
     With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
     Ctrl-D to quit.
     """
-    from mt.translate import Request, run
+    from mt.translate import run
 
     try:
-        run(Request(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
+        run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                     batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
                     encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
                     head=head))
@@ -153,7 +154,7 @@ def evaluate(
     beam: Annotated[int | None, typer.Option(help="Beam size [default: the checkpoint's].")] = None,
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
 ) -> None:
     """BLEU, chrF and TER with sacreBLEU signatures, of --hyp, or of --checkpoint's translation of --src."""
     from mt.evaluate import evaluate as run
@@ -168,7 +169,7 @@ def average(
     out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write.")],
     last: Annotated[str, typer.Option(help="Average the N newest checkpoints; several counts (2,4,8): keep the one with the best valid BLEU.")] = "0",
     best: Annotated[int, typer.Option(help="Average the N with the best validation BLEU.")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = DEVICE,
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
     from mt.average import average_checkpoints, summary
@@ -185,7 +186,7 @@ def tune(
     ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
     beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_BEAMS)),
     len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
@@ -197,7 +198,7 @@ def tune(
 def report(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (for its training time and steps).")],
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: RUN_DIR/final.pt].")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
 ) -> None:
     """Score a run's final checkpoint on its test split (BLEU cased and lowercased, chrF, TER, signatures) and
     write RUN_DIR/report.json."""
@@ -236,7 +237,7 @@ def score(
     src: Annotated[Path, typer.Option("--src", "-s", help="Source sentences, one per line.")],
     tgt: Annotated[Path, typer.Option("--tgt", "-t", help="Their translations to score, line-aligned with --src.")],
     batch_tokens: Annotated[int | None, typer.Option(help="Tokens per batch [default: the checkpoint's decode.batch_tokens].")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Log-probability (natural log, EOS included) of each --tgt line given its --src line: one per line."""
@@ -252,18 +253,18 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("translate")
 def bench_translate(
-    preset: Annotated[str, typer.Option(help="Random-weight model: small (256d, 3+3) or base (512d, 6+6).")] = "small",
+    preset: Annotated[str, typer.Option(help="Random-weight model: small (256d, 3+3) or base (512d, 6+6).")] = TranslateBench.preset,
     checkpoint: Annotated[Path | None, typer.Option(help="Benchmark a trained checkpoint instead (with --input).")] = None,
     input: Annotated[Path | None, typer.Option(help="Real sentences for --checkpoint (their real lengths are used).")] = None,
-    beam: Annotated[int, typer.Option(help="Beam size; 1 is greedy.")] = 4,
-    batch: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
-    sentences: Annotated[int, typer.Option(help="Sentences per timed run [default: max(batch, 16)].")] = 0,
-    src_len: Annotated[int, typer.Option(help="Source tokens per sentence (presets).")] = 24,
-    tgt_len: Annotated[int, typer.Option(help="Output tokens per sentence, forced (presets).")] = 24,
-    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization, CPU).")] = "fp32",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
-    runs: Annotated[int, typer.Option(help="Timed runs; the median is reported.")] = 5,
+    beam: Annotated[int, typer.Option(help="Beam size; 1 is greedy.")] = TranslateBench.beam,
+    batch: Annotated[int, typer.Option(help="Sentences per batch.")] = TranslateBench.batch,
+    sentences: Annotated[int, typer.Option(help="Sentences per timed run [default: max(batch, 16)].")] = TranslateBench.sentences,
+    src_len: Annotated[int, typer.Option(help="Source tokens per sentence (presets).")] = TranslateBench.src_len,
+    tgt_len: Annotated[int, typer.Option(help="Output tokens per sentence, forced (presets).")] = TranslateBench.tgt_len,
+    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization, CPU).")] = TranslateBench.precision,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TranslateBench.device,
+    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = TranslateBench.threads,
+    runs: Annotated[int, typer.Option(help="Timed runs; the median is reported.")] = TranslateBench.runs,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting.")] = False,
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
@@ -271,7 +272,7 @@ def bench_translate(
     """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
     import json
 
-    from mt.bench import TranslateBench, bench_translate, run_grid, summary
+    from mt.bench import bench_translate, run_grid, summary
 
     if grid:
         return run_grid("translate", threads, None, readme, json_, echo)
@@ -284,16 +285,16 @@ def bench_translate(
 
 @bench_app.command("train")
 def bench_train(
-    preset: Annotated[str, typer.Option(help="Architecture: small (256d, 3+3) or base (512d, 6+6).")] = "small",
+    preset: Annotated[str, typer.Option(help="Architecture: small (256d, 3+3) or base (512d, 6+6).")] = TrainBench.preset,
     data: Annotated[Path | None, typer.Option(help="Prepared data dir: real length-grouped batches of --max-tokens.")] = None,
-    batch: Annotated[int, typer.Option(help="Fixed-shape batches: sentences per batch.")] = 64,
-    src_len: Annotated[int, typer.Option(help="Fixed-shape batches: source tokens per sentence.")] = 24,
-    tgt_len: Annotated[int, typer.Option(help="Fixed-shape batches: target tokens per sentence.")] = 24,
-    max_tokens: Annotated[int, typer.Option(help="With --data: token budget per batch.")] = 4096,
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast).")] = "fp32",
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = 0,
-    steps: Annotated[int, typer.Option(help="Timed training steps (after 3 warm-up steps).")] = 10,
+    batch: Annotated[int, typer.Option(help="Fixed-shape batches: sentences per batch.")] = TrainBench.batch,
+    src_len: Annotated[int, typer.Option(help="Fixed-shape batches: source tokens per sentence.")] = TrainBench.src_len,
+    tgt_len: Annotated[int, typer.Option(help="Fixed-shape batches: target tokens per sentence.")] = TrainBench.tgt_len,
+    max_tokens: Annotated[int, typer.Option(help="With --data: token budget per batch.")] = TrainBench.max_tokens,
+    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast).")] = TrainBench.precision,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TrainBench.device,
+    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = TrainBench.threads,
+    steps: Annotated[int, typer.Option(help="Timed training steps (after 3 warm-up steps).")] = TrainBench.steps,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting (--data adds a real-batch row).")] = False,
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object (per setting).")] = False,
@@ -301,7 +302,7 @@ def bench_train(
     """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
     import json
 
-    from mt.bench import TrainBench, bench_train, run_grid, summary
+    from mt.bench import bench_train, run_grid, summary
 
     if grid:
         return run_grid("train", threads, str(data) if data else None, readme, json_, echo)

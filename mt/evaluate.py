@@ -9,6 +9,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mt.errors import MtError
 from mt.lines import check_aligned, read_text
+from mt.options import DEVICE
 
 
 def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
@@ -25,7 +26,7 @@ def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
 
 
 def evaluate(ref: Path, hyp: Path | None = None, checkpoint: Path | None = None, src: Path | None = None,
-             beam: int | None = None, lowercase: bool = False, device: str = "auto") -> dict:
+             beam: int | None = None, lowercase: bool = False, device: str = DEVICE) -> dict:
     """Score `hyp`, or `checkpoint`'s translation of `src` (decoded with its own defaults, or `beam`), against
     `ref`; `score`'s report."""
     if (hyp is None) == (checkpoint is None):

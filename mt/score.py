@@ -18,10 +18,11 @@ from mt.data import batch_by_tokens, pad, shift_targets
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.lines import check_aligned, read_text
+from mt.options import DEVICE
 from mt.tokenizer import EOS, PAD
 
 
-def score_files(checkpoint: Path, src: Path, tgt: Path, batch_tokens: int | None = None, device: str = "auto",
+def score_files(checkpoint: Path, src: Path, tgt: Path, batch_tokens: int | None = None, device: str = DEVICE,
                 progress: bool = True) -> list[float]:
     """`score_pairs` of the line-aligned files `src` and `tgt` under the model in `checkpoint`."""
     sources, targets = read_text(src), read_text(tgt)

@@ -28,6 +28,7 @@ from mt.device import pick_device
 from mt.errors import MtError
 from mt.fast import PRECISIONS
 from mt.lines import read_lines, read_text, write_lines
+from mt.options import TranslateRequest
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -81,28 +82,7 @@ class Translated:
     alignment: str = ""
 
 
-@dataclass
-class Request:
-    """What `mt translate` is asked to do: one field per option of the command."""
-
-    checkpoint: Path
-    input: Path | None = None  # None: stdin, interactive when it is a terminal and nothing else is asked
-    output: Path | None = None  # None: stdout, a line at a time
-    beam: int | None = None  # None: the checkpoint's decode config, as for len_penalty and batch_tokens
-    len_penalty: float | None = None
-    nbest: int = 1
-    batch_tokens: int | None = None
-    precision: str = "fp32"  # one of mt.fast.PRECISIONS
-    device: str = "auto"
-    threads: int = 0  # 0: PyTorch's choice
-    encoding_errors: str = "strict"  # or replace: what to do with bytes that are not UTF-8
-    attention: Path | None = None  # a directory for heatmaps
-    alignments: Path | None = None  # a file for the alignment lines
-    layer: int | None = None  # of the attention: None is the mean of all decoder layers
-    head: int | None = None  # within `layer`: None is the mean of its heads
-
-
-def run(request: Request) -> None:
+def run(request: TranslateRequest) -> None:
     """`mt translate`: the input's translations to stdout or the output file, the alignments to their file.
 
     With stdin a terminal and no file or attention asked for, translate interactively: a prompt on stderr,
@@ -118,7 +98,7 @@ def run(request: Request) -> None:
                  sys.stdout)
 
 
-def load(request: Request) -> tuple[Loaded, Options, torch.device]:
+def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     """The checkpoint's model, made ready to decode in the precision asked for, and the decode options: the
     checkpoint's, changed by the request. Raises MtError for what cannot run."""
     if request.precision not in PRECISIONS:
@@ -137,7 +117,7 @@ def load(request: Request) -> tuple[Loaded, Options, torch.device]:
     return loaded, opts, device
 
 
-def attention_option(request: Request, loaded: Loaded, nbest: int) -> Attention | None:
+def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> Attention | None:
     """The attention option, if --attention or --alignments asks for it, checked against the model."""
     if request.attention is None and request.alignments is None:
         return None

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from mt.errors import MtError
 from mt.lines import check_aligned, read_text
+from mt.options import DEVICE
 
 if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt --help` reads the defaults below
     import torch
@@ -75,7 +76,7 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
 
 
 def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str, penalties: str,
-                    device: str = "auto", progress: bool = True) -> list[dict]:
+                    device: str = DEVICE, progress: bool = True) -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
     over the comma-separated `beams` and `penalties`, and write it to `out` with the best setting as its decode
     defaults. Returns every setting's BLEU, best first."""

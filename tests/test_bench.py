@@ -5,7 +5,6 @@ import sys
 import pytest
 
 from mt.bench import (
-    TranslateBench,
     bench_translate,
     markdown_table,
     preset_model,
@@ -13,6 +12,7 @@ from mt.bench import (
     write_readme_table,
 )
 from mt.data import pad
+from mt.options import TranslateBench
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -56,8 +56,9 @@ def test_cli_json_output():
 
 
 def test_train_bench_counts_flops_and_padding():
-    from mt.bench import TrainBench, bench_train, train_flops
+    from mt.bench import bench_train, train_flops
     from mt.config import ModelConfig
+    from mt.options import TrainBench
 
     result = bench_train(TrainBench(preset="small", batch=4, src_len=6, tgt_len=5, steps=2, warmup=1))
     assert result["tgt_tok_per_s"] > 0 and 0 < result["mfu"] < 1.5
@@ -72,7 +73,8 @@ def test_train_bench_counts_flops_and_padding():
 def test_train_bench_on_real_batches_reports_padding(tmp_path):
     import numpy as np
 
-    from mt.bench import TrainBench, bench_train
+    from mt.bench import bench_train
+    from mt.options import TrainBench
 
     rng = np.random.default_rng(0)
     for side in ("src", "tgt"):
@@ -86,7 +88,8 @@ def test_train_bench_on_real_batches_reports_padding(tmp_path):
 
 
 def test_grid_settings_reach_the_isolated_process():
-    from mt.bench import TrainBench, run_isolated
+    from mt.bench import run_isolated
+    from mt.options import TrainBench
 
     result = run_isolated("train", TrainBench(preset="small", batch=2, src_len=4, tgt_len=3, steps=1))
     assert (result["batch"], result["src_len"], result["tgt_len"], result["steps"]) == (2, 4, 3, 1)
@@ -116,8 +119,9 @@ def test_grid_writes_its_table_and_the_command_that_made_it_into_the_given_file(
 
 
 def test_a_bad_setting_is_a_user_error_not_a_traceback():
-    from mt.bench import TrainBench, bench_train
+    from mt.bench import bench_train
     from mt.errors import MtError
+    from mt.options import TrainBench
 
     with pytest.raises(MtError, match="preset must be one of"):
         bench_translate(TranslateBench(preset="huge"))

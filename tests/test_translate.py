@@ -16,7 +16,7 @@ from mt.translate import (
     PROMPT,
     Attention,
     Options,
-    Request,
+    TranslateRequest,
     interactive,
     run,
     translate_ids,
@@ -137,7 +137,7 @@ def test_translate_writes_heatmaps_and_alignments(tmp_path, model_path, loaded):
 ])
 def test_run_refuses_what_cannot_run_and_writes_nothing(model_path, tmp_path, changes, message):
     paths = {key: tmp_path / value for key, value in changes.items() if key in ("alignments", "attention", "input")}
-    request = Request(model_path, output=tmp_path / "out.txt", **{**changes, **paths})
+    request = TranslateRequest(model_path, output=tmp_path / "out.txt", **{**changes, **paths})
     with pytest.raises(MtError, match=message):
         run(request)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
@@ -156,26 +156,26 @@ def test_run_translates_stdin_to_stdout_and_a_file_to_a_file(model_path, loaded,
     expected = "".join(line + "\n" for line in translate_stream(loaded, lines, options(beam=1, max_len_a=1.5,
                                                                                       max_len_b=10), CPU))
     stdin_of(monkeypatch, "".join(line + "\r\n" for line in lines).encode())
-    run(Request(model_path, beam=1))
+    run(TranslateRequest(model_path, beam=1))
     assert capsys.readouterr().out == expected
     (tmp_path / "in.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())  # a BOM, no final newline
-    run(Request(model_path, input=tmp_path / "in.txt", output=tmp_path / "out.txt", beam=1))
+    run(TranslateRequest(model_path, input=tmp_path / "in.txt", output=tmp_path / "out.txt", beam=1))
     assert (tmp_path / "out.txt").read_text(encoding="utf-8") == expected
     assert capsys.readouterr().out == ""
 
 
 def test_nbest_beyond_the_beam_widens_the_beam(model_path, monkeypatch, capsys):
     stdin_of(monkeypatch, b"the cat\na dog\n")
-    run(Request(model_path, beam=1, nbest=3))
+    run(TranslateRequest(model_path, beam=1, nbest=3))
     assert [line.split(" ||| ")[0] for line in capsys.readouterr().out.splitlines()] == ["0"] * 3 + ["1"] * 3
 
 
 def test_bytes_that_are_not_utf8_name_stdin_and_the_way_out(model_path, monkeypatch, capsys):
     stdin_of(monkeypatch, b"the cat\nthe \xff dog\n")
     with pytest.raises(MtError, match=r"^stdin:2: invalid UTF-8 .*--encoding-errors replace"):
-        run(Request(model_path, beam=1))
+        run(TranslateRequest(model_path, beam=1))
     stdin_of(monkeypatch, b"the cat\nthe \xff dog\n")
-    run(Request(model_path, beam=1, encoding_errors="replace"))
+    run(TranslateRequest(model_path, beam=1, encoding_errors="replace"))
     assert capsys.readouterr().out.count("\n") == 2
 
 
@@ -190,9 +190,9 @@ def test_each_line_is_translated_as_entered_until_ctrl_d(loaded):
 
 def test_a_terminal_on_stdin_is_translated_interactively(model_path, monkeypatch, capsys):
     stdin_of(monkeypatch, b"the cat\na dog\n", terminal=True)
-    run(Request(model_path, beam=1))
+    run(TranslateRequest(model_path, beam=1))
     out, err = capsys.readouterr()
     assert out.count("\n") == 2 and err == PROMPT * 3 + "\n"
     stdin_of(monkeypatch, b"the cat\na dog\n", terminal=True)
-    run(Request(model_path, beam=1, alignments=model_path.parent / "al.txt"))  # attention: a plain stream
+    run(TranslateRequest(model_path, beam=1, alignments=model_path.parent / "al.txt"))  # attention: a plain stream
     assert capsys.readouterr().err == ""

@@ -1,0 +1,69 @@
+"""The options of the commands that run a model, with their defaults, said once: `mt translate`'s request and the
+settings of `mt bench`. Plain dataclasses without torch, so the command line reads its defaults from here as it
+starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEVICE = "auto"  # the GPU when one is visible, else the CPU (mt.device.pick_device)
+
+
+@dataclass
+class TranslateRequest:
+    """What `mt translate` is asked to do: one field per option of the command."""
+
+    checkpoint: Path
+    input: Path | None = None  # None: stdin, interactive when it is a terminal and nothing else is asked
+    output: Path | None = None  # None: stdout, a line at a time
+    beam: int | None = None  # None: the checkpoint's decode config, as for len_penalty and batch_tokens
+    len_penalty: float | None = None
+    nbest: int = 1
+    batch_tokens: int | None = None
+    precision: str = "fp32"  # one of mt.fast.PRECISIONS
+    device: str = DEVICE
+    threads: int = 0  # 0: PyTorch's choice
+    encoding_errors: str = "strict"  # or replace: what to do with bytes that are not UTF-8
+    attention: Path | None = None  # a directory for heatmaps
+    alignments: Path | None = None  # a file for the alignment lines
+    layer: int | None = None  # of the attention: None is the mean of all decoder layers
+    head: int | None = None  # within `layer`: None is the mean of its heads
+
+
+@dataclass
+class TranslateBench:
+    """One setting of `mt bench translate`."""
+
+    preset: str = "small"
+    checkpoint: str | None = None
+    input: str | None = None  # with checkpoint: a real source file; its first `sentences` lines are used
+    beam: int = 4
+    batch: int = 64  # sentences per batch
+    sentences: int = 0  # per timed run; 0: max(batch, 16)
+    src_len: int = 24
+    tgt_len: int = 24
+    precision: str = "fp32"
+    threads: int = 0
+    runs: int = 5
+    seed: int = 0
+    device: str = DEVICE
+
+
+@dataclass
+class TrainBench:
+    """One setting of `mt bench train`."""
+
+    preset: str = "small"
+    data: str | None = None  # a prepared data dir: real length-grouped batches of `max_tokens` instead
+    batch: int = 64  # fixed-shape batches: sentences per batch ...
+    src_len: int = 24  # ... of exactly this many source tokens (EOS included)
+    tgt_len: int = 24  # ... and target tokens
+    max_tokens: int = 4096
+    precision: str = "fp32"
+    threads: int = 0
+    steps: int = 10  # timed steps, after `warmup` untimed ones
+    warmup: int = 3
+    dropout: float = 0.1
+    device: str = DEVICE
