@@ -19,6 +19,7 @@ from mt import checkpoint
 from mt.checkpoint import from_state
 from mt.errors import MtError
 from mt.options import DEVICE
+from mt.runlock import writing_into
 
 
 def choose(run_dir: str | Path, last: int = 0, best: int = 0) -> list[Path]:
@@ -84,11 +85,12 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
         counts = tuple(int(n) for n in last.split(","))
     except ValueError:
         raise MtError(f"--last {last!r}: expected a count or comma-separated counts, e.g. 8 or 2,4,8") from None
-    if len(counts) == 1:
-        return average_run(run_dir, out, last=counts[0], best=best), []
-    if best:
+    if len(counts) > 1 and best:
         raise MtError("--best N averages the N best checkpoints; several counts work with --last only")
-    return average_on_valid(run_dir, out, counts, pick_device(device))
+    with writing_into(out):
+        if len(counts) == 1:
+            return average_run(run_dir, out, last=counts[0], best=best), []
+        return average_on_valid(run_dir, out, counts, pick_device(device))
 
 
 def summary(state: dict[str, Any], results: list[dict], out: Path) -> str:

@@ -22,13 +22,15 @@ from mt.errors import MtError
 from mt.evaluate import score
 from mt.lines import read_text, write_lines
 from mt.options import DEVICE
+from mt.runlock import writing_into
 from mt.translate import Options, translate_stream
 
 
 def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str = DEVICE) -> dict[str, Any]:
     """`recipe_report` of `checkpoint_path` (default: the run's final.pt), also written to RUN_DIR/report.json."""
-    report = recipe_report(run_dir, checkpoint_path or Path(run_dir) / "final.pt", pick_device(device))
-    write_report(report, Path(run_dir) / "report.json")
+    with writing_into(Path(run_dir) / "report.json"):
+        report = recipe_report(run_dir, checkpoint_path or Path(run_dir) / "final.pt", pick_device(device))
+        write_report(report, Path(run_dir) / "report.json")
     return report
 
 

@@ -27,6 +27,7 @@ from mt.fast import for_training
 from mt.lines import read_text
 from mt.model import Transformer, count_parameters
 from mt.optim import adam, step_rate
+from mt.runlock import lock_run, unlock_run
 from mt.runlog import Interval, RunLog
 from mt.stopping import (
     Stop,
@@ -49,6 +50,8 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
     device = distributed.start(pick_device(cfg.train.device))
     try:
         run = open_run(cfg, Path(out_dir), device, resume, progress)
+        if run.main:  # one writer per run: a second process is refused here, before it writes anything
+            lock_run(run.out_dir)
         state = build_state(run)
         start_log(run, state)
         try:
@@ -56,6 +59,7 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
         finally:
             run.log.close()
     finally:
+        unlock_run(out_dir)
         distributed.stop()
 
 

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from mt.errors import MtError
 from mt.lines import check_aligned, read_text
 from mt.options import DEVICE
+from mt.runlock import writing_into
 
 if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt --help` reads the defaults below
     import torch
@@ -87,10 +88,11 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
     beam_list, penalty_list = parse_grid(beams, penalties)
     dev = pick_device(device)
-    loaded = load_model(path, dev)
-    sources, refs = held_out(loaded, src, ref)
-    results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress)
-    save_tuned(loaded, results[0], results, out)
+    with writing_into(out):
+        loaded = load_model(path, dev)
+        sources, refs = held_out(loaded, src, ref)
+        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress)
+        save_tuned(loaded, results[0], results, out)
     return results
 
 

@@ -275,6 +275,26 @@ def test_a_run_killed_mid_interval_resumes_to_the_same_weights(data, straight, t
     assert_same_saved_weights(run / "last.pt", straight / "last.pt")
 
 
+def test_a_second_writer_is_refused_and_the_run_ends_as_if_undisturbed(data, straight, tmp_path):
+    run = tmp_path / "run"
+    process = start_training(one_thread_config(data, max_steps=60, keep_checkpoints=100), run, tmp_path)
+    wait_for(lambda: (run / "checkpoint-10.pt").is_file(), process)
+    process.send_signal(signal.SIGSTOP)  # holds still, and holds the run, while the second process tries
+    try:
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        second = subprocess.run([sys.executable, "-m", "mt", "train", "--resume", "--out", str(run), "--quiet"],
+                                capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert second.stderr.startswith(f"error: {run} is in use by process {process.pid} on ")
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # it wrote nothing
+    finally:
+        process.send_signal(signal.SIGCONT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    for step in range(10, 61, 10):  # every checkpoint as the undisturbed run saved it
+        assert_same_saved_weights(run / f"checkpoint-{step}.pt", straight / f"checkpoint-{step}.pt")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_sigint_and_sigterm_save_a_checkpoint_and_say_how_to_resume(data, tmp_path, sig):
     run = tmp_path / "run"
