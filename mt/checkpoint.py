@@ -22,12 +22,12 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from mt.config import Config, from_dict
-from mt.errors import MtError
+from mt.errors import MtError, cannot_write
 from mt.fast import for_inference
 from mt.model import Transformer, count_parameters
 from mt.tokenizer import Tokenizer
@@ -38,18 +38,40 @@ def save(state: dict[str, Any], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    writer = None
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            writer = _Writer(f)
+            torch.save(state, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as e:  # a full disk, a quota, a vanished mount: say so in one line, not a traceback
-        message = f"{path}: cannot write ({e.strerror or e}); the previous file there is unchanged"
-        raise MtError(message) from None
+        raise cannot_write(path, e) from None
+    except RuntimeError:  # torch.save's report of a failed write: the write's own error says why
+        if writer is None or writer.error is None:
+            raise
+        raise cannot_write(path, writer.error) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class _Writer:
+    """The file torch.save writes to, keeping the OSError of a failed write, which torch turns into a RuntimeError."""
+
+    def __init__(self, file: BinaryIO):
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 LAST = "last.pt"

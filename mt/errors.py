@@ -4,8 +4,23 @@ Every command catches `MtError`, prints `error: MESSAGE` and exits with `exit_co
 run), never a traceback.
 """
 
+import errno
+
 
 class MtError(Exception):
     """A problem the user can fix; the message names the file, the line or the key, and the fix."""
 
     exit_code = 2
+
+
+WRITE_FAILURES = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "the file size limit is reached (ulimit -f)",
+}
+
+
+def cannot_write(path: object, error: OSError) -> MtError:
+    """The error of a write to `path` that failed, e.g. on a full disk, after the partial file was removed."""
+    reason = WRITE_FAILURES.get(error.errno, error.strerror or str(error))
+    return MtError(f"{path}: cannot write: {reason}; the previous file there is unchanged and no partial file is left")

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import BinaryIO
 
-from mt.errors import MtError
+from mt.errors import MtError, cannot_write
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")
 
@@ -82,5 +82,7 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> None:
             for line in lines:
                 f.write(line + "\n")
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a quota, a missing directory: one line, not a traceback
+        raise cannot_write(path, e) from None
     finally:
         tmp.unlink(missing_ok=True)

@@ -59,3 +59,29 @@ def test_write_lines_replaces_a_file_only_when_complete(tmp_path):
         write_lines(path, failing())
     assert path.read_bytes() == b"one\n\nthree\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]  # no temporary file left behind
+
+
+def limited_file_size(limit: int):
+    """For a subprocess: files may grow to `limit` bytes, and a write past it fails (EFBIG) instead of killing."""
+    import resource
+    import signal
+
+    def set_limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return set_limit
+
+
+def test_a_write_that_runs_out_of_room_keeps_the_previous_file_and_leaves_nothing_partial(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.txt"
+    out.write_text("the previous translation\n")
+    code = f"from mt.lines import write_lines; write_lines({str(out)!r}, ['x' * 100] * 1000)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            preexec_fn=limited_file_size(10_000))
+    assert result.returncode != 0
+    assert f"MtError: {out}: cannot write: the file size limit is reached" in result.stderr
+    assert out.read_text() == "the previous translation\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]

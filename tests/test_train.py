@@ -295,6 +295,21 @@ def test_a_second_writer_is_refused_and_the_run_ends_as_if_undisturbed(data, str
         assert_same_saved_weights(run / f"checkpoint-{step}.pt", straight / f"checkpoint-{step}.pt")
 
 
+def test_a_checkpoint_that_does_not_fit_is_a_clear_error_and_the_previous_one_stays(data, tmp_path):
+    from .test_lines import limited_file_size
+
+    run = tmp_path / "run"
+    train(one_thread_config(data, max_steps=10), run, progress=False)
+    before = (run / "last.pt").read_bytes()
+    resumed = subprocess.run([sys.executable, "-m", "mt", "train", "--resume", "--out", str(run), "--quiet",
+                              "--set", "train.max_steps=20"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             preexec_fn=limited_file_size(len(before) // 2))
+    assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1, resumed.stderr
+    assert "cannot write: the file size limit is reached" in resumed.stderr
+    assert (run / "last.pt").read_bytes() == before and checkpoint.load(run / "last.pt")["step"] == 10
+    assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_sigint_and_sigterm_save_a_checkpoint_and_say_how_to_resume(data, tmp_path, sig):
     run = tmp_path / "run"
