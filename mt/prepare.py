@@ -158,6 +158,12 @@ def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str,
     model_files = _train_tokenizers(tmp, options.joint, options.vocab_size, options.model_type,
                                     options.spm_sentences)
     tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
+    for name in sorted(set(model_files.values())):
+        made = Tokenizer.load(tmp / name).vocab_size
+        if made < options.vocab_size:  # SentencePiece makes what the corpus supports (hard_vocab_limit off)
+            print(f"warning: {name}: asked for a vocabulary of {options.vocab_size:,} pieces; the training text "
+                  f"supports {made:,}, which is what was made (--vocab-size {made} says so and silences this)",
+                  file=sys.stderr)
     splits, samples = {}, None
     for split in sources:
         train_split = split == "train"

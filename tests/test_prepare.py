@@ -346,3 +346,18 @@ def test_subword_samples_are_other_segmentations_of_the_same_training_pairs(tmp_
 def _sentences(out: Path, split: str, side: str) -> list[np.ndarray]:
     ids, offsets = load_split(out, split, side)
     return [ids[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_made_smaller_with_a_warning_that_gives_both_sizes(tmp_path, capsys):
+    from .conftest import write_corpus
+
+    write_corpus(tmp_path, n_train=50, n_valid=5)
+    meta = prepare(tmp_path / "data", "de", "en", train=str(tmp_path / "train"), valid=str(tmp_path / "valid"),
+                   vocab_size=5000, progress=False)
+    made = meta["vocab_size"]
+    assert made < 5000
+    assert (f"warning: spm.model: asked for a vocabulary of 5,000 pieces; the training text supports {made:,}, "
+            f"which is what was made") in capsys.readouterr().err
+    prepare(tmp_path / "again", "de", "en", train=str(tmp_path / "train"), valid=str(tmp_path / "valid"),
+            vocab_size=made, progress=False)
+    assert "warning" not in capsys.readouterr().err
