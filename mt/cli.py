@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import click
 import typer
+from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own click
 from typer.core import TyperGroup
 
 import mt.prepare
@@ -33,6 +34,10 @@ class Commands(TyperGroup):
             return super().invoke(ctx)
         except MtError as e:
             fail(str(e), e.exit_code)
+        except UsageError as e:  # an option out of its range, a missing one: one line too, not the usage text
+            if isinstance(e, NoArgsIsHelpError):
+                raise
+            fail(f"{e.format_message()} (see `{e.ctx.command_path if e.ctx else 'mt'} --help`)")
 
 
 # rich_markup_mode=None: plain help text. Rich markup would swallow every "[default: ...]" we write by hand.
@@ -64,17 +69,17 @@ def prepare(
     valid: Annotated[str | None, typer.Option(help="Validation data, same forms as --train.")] = None,
     test: Annotated[str | None, typer.Option(help="Test data, same forms as --train.")] = None,
     mirror: Annotated[Path | None, typer.Option(help="Local mirror of named corpora [default: $MT_MIRROR].")] = None,
-    vocab_size: Annotated[int, typer.Option(help="SentencePiece vocabulary size.")] = PREPARE.vocab_size,
+    vocab_size: Annotated[int, typer.Option(min=8, help="SentencePiece vocabulary size.")] = PREPARE.vocab_size,
     separate_vocab: Annotated[bool, typer.Option(help="One SentencePiece model per language instead of a joint one.")] = not PREPARE.joint,
-    model_type: Annotated[str, typer.Option(help="SentencePiece model type: unigram or bpe.")] = PREPARE.model_type,
-    spm_sentences: Annotated[int, typer.Option(help="Train SentencePiece on a random sample of at most this many lines (bounds its memory on big corpora).")] = PREPARE.spm_sentences,
-    max_words: Annotated[int, typer.Option(help="Drop training pairs with more words on either side.")] = PREPARE.max_words,
-    max_ratio: Annotated[float, typer.Option(help="Drop training pairs whose length ratio exceeds this.")] = PREPARE.max_ratio,
-    max_pieces: Annotated[int, typer.Option(help="Drop training pairs with more SentencePiece pieces on either side.")] = PREPARE.max_pieces,
+    model_type: Annotated[Literal["unigram", "bpe"], typer.Option(help="SentencePiece model type: unigram or bpe.")] = PREPARE.model_type,
+    spm_sentences: Annotated[int, typer.Option(min=1, help="Train SentencePiece on a random sample of at most this many lines (bounds its memory on big corpora).")] = PREPARE.spm_sentences,
+    max_words: Annotated[int, typer.Option(min=1, help="Drop training pairs with more words on either side.")] = PREPARE.max_words,
+    max_ratio: Annotated[float, typer.Option(min=1.0, help="Drop training pairs whose length ratio exceeds this.")] = PREPARE.max_ratio,
+    max_pieces: Annotated[int, typer.Option(min=1, help="Drop training pairs with more SentencePiece pieces on either side.")] = PREPARE.max_pieces,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate training pairs.")] = PREPARE.dedup,
-    encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = PREPARE.encoding_errors,
-    subword_samples: Annotated[int, typer.Option(help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. Pays off only with long training; the one-hour recipes leave it off. 0: off.")] = PREPARE.subword_samples,
-    subword_alpha: Annotated[float, typer.Option(help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = PREPARE.subword_alpha,
+    encoding_errors: Annotated[Literal["strict", "replace", "ignore"], typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = PREPARE.encoding_errors,
+    subword_samples: Annotated[int, typer.Option(min=0, help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. Pays off only with long training; the one-hour recipes leave it off. 0: off.")] = PREPARE.subword_samples,
+    subword_alpha: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = PREPARE.subword_alpha,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
@@ -116,18 +121,18 @@ def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`.")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file [default: stdin].")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file [default: stdout].")] = None,
-    beam: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy [default: the checkpoint's].")] = None,
-    len_penalty: Annotated[float | None, typer.Option(help="GNMT length penalty alpha [default: the checkpoint's].")] = None,
-    nbest: Annotated[int, typer.Option(help="Output the N best translations as `line ||| text ||| score`.")] = TranslateRequest.nbest,
-    batch_tokens: Annotated[int | None, typer.Option(help="Source tokens per batch.")] = None,
-    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized linear layers, CPU).")] = TranslateRequest.precision,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TranslateRequest.device,
-    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = TranslateRequest.threads,
-    encoding_errors: Annotated[str, typer.Option(help="On bytes that are not UTF-8: strict or replace.")] = TranslateRequest.encoding_errors,
+    beam: Annotated[int | None, typer.Option(min=1, help="Beam size; 1 is greedy [default: the checkpoint's].")] = None,
+    len_penalty: Annotated[float | None, typer.Option(min=0.0, max=10.0, help="GNMT length penalty alpha [default: the checkpoint's].")] = None,
+    nbest: Annotated[int, typer.Option(min=1, help="Output the N best translations as `line ||| text ||| score`.")] = TranslateRequest.nbest,
+    batch_tokens: Annotated[int | None, typer.Option(min=1, help="Source tokens per batch.")] = None,
+    precision: Annotated[Literal["fp32", "bf16", "int8"], typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized linear layers, CPU).")] = TranslateRequest.precision,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TranslateRequest.device,
+    threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TranslateRequest.threads,
+    encoding_errors: Annotated[Literal["strict", "replace", "ignore"], typer.Option(help="On bytes that are not UTF-8: strict or replace.")] = TranslateRequest.encoding_errors,
     attention: Annotated[Path | None, typer.Option(help="Write a cross-attention heatmap per input line into this directory: DIR/000001.png, ...")] = None,
     alignments: Annotated[Path | None, typer.Option(help="Write source-target alignments from the attention to this file, one line per input line, Pharaoh format (`0-0 1-2`, 0-based).")] = None,
-    layer: Annotated[int | None, typer.Option(help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
-    head: Annotated[int | None, typer.Option(help="With --layer: this attention head, 0-based [default: the mean of all heads].")] = None,
+    layer: Annotated[int | None, typer.Option(min=0, help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
+    head: Annotated[int | None, typer.Option(min=0, help="With --layer: this attention head, 0-based [default: the mean of all heads].")] = None,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order.
 
@@ -151,10 +156,10 @@ def evaluate(
     hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score.")] = None,
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="Translate --src with this checkpoint, then score.")] = None,
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Source sentences (with --checkpoint).")] = None,
-    beam: Annotated[int | None, typer.Option(help="Beam size [default: the checkpoint's].")] = None,
+    beam: Annotated[int | None, typer.Option(min=1, help="Beam size [default: the checkpoint's].")] = None,
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
 ) -> None:
     """BLEU, chrF and TER with sacreBLEU signatures, of --hyp, or of --checkpoint's translation of --src."""
     from mt.evaluate import evaluate as run
@@ -168,8 +173,8 @@ def average(
     run_dir: Annotated[Path, typer.Argument(help="A run directory with checkpoint-STEP.pt files (train.keep_checkpoints).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write.")],
     last: Annotated[str, typer.Option(help="Average the N newest checkpoints; several counts (2,4,8): keep the one with the best valid BLEU.")] = "0",
-    best: Annotated[int, typer.Option(help="Average the N with the best validation BLEU.")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = DEVICE,
+    best: Annotated[int, typer.Option(min=0, help="Average the N with the best validation BLEU.")] = 0,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = DEVICE,
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
     from mt.average import average_checkpoints, summary
@@ -186,7 +191,7 @@ def tune(
     ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
     beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_BEAMS)),
     len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
@@ -198,7 +203,7 @@ def tune(
 def report(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (for its training time and steps).")],
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: RUN_DIR/final.pt].")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
 ) -> None:
     """Score a run's final checkpoint on its test split (BLEU cased and lowercased, chrF, TER, signatures) and
     write RUN_DIR/report.json."""
@@ -236,8 +241,8 @@ def score(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`.")],
     src: Annotated[Path, typer.Option("--src", "-s", help="Source sentences, one per line.")],
     tgt: Annotated[Path, typer.Option("--tgt", "-t", help="Their translations to score, line-aligned with --src.")],
-    batch_tokens: Annotated[int | None, typer.Option(help="Tokens per batch [default: the checkpoint's decode.batch_tokens].")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = DEVICE,
+    batch_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per batch [default: the checkpoint's decode.batch_tokens].")] = None,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Log-probability (natural log, EOS included) of each --tgt line given its --src line: one per line."""
@@ -253,18 +258,18 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("translate")
 def bench_translate(
-    preset: Annotated[str, typer.Option(help="Random-weight model: small (256d, 3+3) or base (512d, 6+6).")] = TranslateBench.preset,
+    preset: Annotated[Literal["small", "base"], typer.Option(help="Random-weight model: small (256d, 3+3) or base (512d, 6+6).")] = TranslateBench.preset,
     checkpoint: Annotated[Path | None, typer.Option(help="Benchmark a trained checkpoint instead (with --input).")] = None,
     input: Annotated[Path | None, typer.Option(help="Real sentences for --checkpoint (their real lengths are used).")] = None,
-    beam: Annotated[int, typer.Option(help="Beam size; 1 is greedy.")] = TranslateBench.beam,
-    batch: Annotated[int, typer.Option(help="Sentences per batch.")] = TranslateBench.batch,
-    sentences: Annotated[int, typer.Option(help="Sentences per timed run [default: max(batch, 16)].")] = TranslateBench.sentences,
-    src_len: Annotated[int, typer.Option(help="Source tokens per sentence (presets).")] = TranslateBench.src_len,
-    tgt_len: Annotated[int, typer.Option(help="Output tokens per sentence, forced (presets).")] = TranslateBench.tgt_len,
-    precision: Annotated[str, typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization, CPU).")] = TranslateBench.precision,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TranslateBench.device,
-    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = TranslateBench.threads,
-    runs: Annotated[int, typer.Option(help="Timed runs; the median is reported.")] = TranslateBench.runs,
+    beam: Annotated[int, typer.Option(min=1, help="Beam size; 1 is greedy.")] = TranslateBench.beam,
+    batch: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = TranslateBench.batch,
+    sentences: Annotated[int, typer.Option(min=0, help="Sentences per timed run [default: max(batch, 16)].")] = TranslateBench.sentences,
+    src_len: Annotated[int, typer.Option(min=1, help="Source tokens per sentence (presets).")] = TranslateBench.src_len,
+    tgt_len: Annotated[int, typer.Option(min=1, help="Output tokens per sentence, forced (presets).")] = TranslateBench.tgt_len,
+    precision: Annotated[Literal["fp32", "bf16", "int8"], typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization, CPU).")] = TranslateBench.precision,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TranslateBench.device,
+    threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TranslateBench.threads,
+    runs: Annotated[int, typer.Option(min=1, help="Timed runs; the median is reported.")] = TranslateBench.runs,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting.")] = False,
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
@@ -285,16 +290,16 @@ def bench_translate(
 
 @bench_app.command("train")
 def bench_train(
-    preset: Annotated[str, typer.Option(help="Architecture: small (256d, 3+3) or base (512d, 6+6).")] = TrainBench.preset,
+    preset: Annotated[Literal["small", "base"], typer.Option(help="Architecture: small (256d, 3+3) or base (512d, 6+6).")] = TrainBench.preset,
     data: Annotated[Path | None, typer.Option(help="Prepared data dir: real length-grouped batches of --max-tokens.")] = None,
-    batch: Annotated[int, typer.Option(help="Fixed-shape batches: sentences per batch.")] = TrainBench.batch,
-    src_len: Annotated[int, typer.Option(help="Fixed-shape batches: source tokens per sentence.")] = TrainBench.src_len,
-    tgt_len: Annotated[int, typer.Option(help="Fixed-shape batches: target tokens per sentence.")] = TrainBench.tgt_len,
-    max_tokens: Annotated[int, typer.Option(help="With --data: token budget per batch.")] = TrainBench.max_tokens,
-    precision: Annotated[str, typer.Option(help="fp32 or bf16 (autocast).")] = TrainBench.precision,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = TrainBench.device,
-    threads: Annotated[int, typer.Option(help="CPU threads [default: PyTorch's].")] = TrainBench.threads,
-    steps: Annotated[int, typer.Option(help="Timed training steps (after 3 warm-up steps).")] = TrainBench.steps,
+    batch: Annotated[int, typer.Option(min=1, help="Fixed-shape batches: sentences per batch.")] = TrainBench.batch,
+    src_len: Annotated[int, typer.Option(min=1, help="Fixed-shape batches: source tokens per sentence.")] = TrainBench.src_len,
+    tgt_len: Annotated[int, typer.Option(min=1, help="Fixed-shape batches: target tokens per sentence.")] = TrainBench.tgt_len,
+    max_tokens: Annotated[int, typer.Option(min=1, help="With --data: token budget per batch.")] = TrainBench.max_tokens,
+    precision: Annotated[Literal["fp32", "bf16"], typer.Option(help="fp32 or bf16 (autocast).")] = TrainBench.precision,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TrainBench.device,
+    threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TrainBench.threads,
+    steps: Annotated[int, typer.Option(min=1, help="Timed training steps (after 3 warm-up steps).")] = TrainBench.steps,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting (--data adds a real-batch row).")] = False,
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object (per setting).")] = False,

@@ -170,22 +170,28 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
 
 def validate(cfg: Config) -> None:
     flat = flatten(to_dict(cfg))
-    if cfg.model.d_model % cfg.model.n_heads:
-        raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
-    positive = ("model.d_model", "model.n_heads", "model.d_ff", "model.max_len", "train.max_tokens",
-                "train.accumulate", "train.valid_every", "train.log_every", "train.valid_beam", "decode.beam",
-                "decode.batch_tokens", "train.lr")
+    positive = ("model.d_model", "model.n_heads", "model.d_ff", "model.max_len", "model.n_dec_layers",
+                "train.max_tokens", "train.accumulate", "train.valid_every", "train.log_every", "train.valid_beam",
+                "train.lr", "train.warmup", "train.max_steps", "train.eps", "decode.beam", "decode.batch_tokens")
     for key in positive:
         if flat[key] <= 0:
             raise MtError(f"{key}={flat[key]}: must be positive")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
-                 "train.cooldown")
+                 "train.cooldown", "train.beta1", "train.beta2")
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
-    for key, least in (("train.keep_checkpoints", 0), ("train.max_bad_steps", 1)):
+    at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0,
+                "train.max_minutes": 0, "train.weight_decay": 0, "train.clip_norm": 0, "train.threads": 0,
+                "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
+                "decode.max_len_a": 0, "decode.max_len_b": 0}
+    for key, least in at_least.items():
         if flat[key] < least:
             raise MtError(f"{key}={flat[key]}: must be at least {least}")
+    if not 0 <= cfg.decode.len_penalty <= 10:  # GNMT's alpha: 0 to 2 in practice; far beyond it overflows
+        raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

@@ -37,6 +37,8 @@ def parse_grid(beams: str, penalties: str) -> tuple[tuple[int, ...], tuple[float
                       "e.g. 1,5") from None
     if min(beam_list) < 1:
         raise MtError(f"--beams {beams!r}: each beam size must be at least 1")
+    if not all(0 <= a <= 10 for a in penalty_list):  # NaN fails too
+        raise MtError(f"--len-penalties {penalties!r}: each length penalty must be in [0, 10]")
     return beam_list, penalty_list
 
 

@@ -89,3 +89,8 @@ def test_a_resumed_run_keeps_its_config_and_model_and_takes_the_same_overrides(t
 
 def test_flatten_gives_dotted_keys():
     assert flatten({"data": "d", "train": {"lr": 1, "x": {"y": 2}}}) == {"data": "d", "train.lr": 1, "train.x.y": 2}
+
+
+def test_zero_heads_is_an_error_naming_the_key_not_a_division_by_zero():
+    with pytest.raises(MtError, match="model.n_heads=0: must be positive"):
+        load_config(overrides=["model.n_heads=0"])
