@@ -18,6 +18,7 @@ import torch
 from mt import checkpoint
 from mt.checkpoint import from_state
 from mt.errors import MtError
+from mt.lines import check_output
 from mt.options import DEVICE
 from mt.runlock import writing_into
 
@@ -87,6 +88,7 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
         raise MtError(f"--last {last!r}: expected a count or comma-separated counts, e.g. 8 or 2,4,8") from None
     if len(counts) > 1 and best:
         raise MtError("--best N averages the N best checkpoints; several counts work with --last only")
+    check_output(out, "--out", create_parent=True)
     with writing_into(out):
         if len(counts) == 1:
             return average_run(run_dir, out, last=counts[0], best=best), []

@@ -86,3 +86,31 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> None:
         raise cannot_write(path, e) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_output(path: str | Path, option: str, create_parent: bool = False) -> None:
+    """Before any work: a file can be written at `path` (its directory exists, or with `create_parent` can be
+    created, and is writable; no directory is in the way); else `MtError` naming the option, the path and the fix."""
+    path = Path(path)
+    if path.is_dir():
+        raise MtError(f"{option} {path}: is a directory; choose another path, a file's")
+    parent = path.absolute().parent
+    if create_parent:
+        return check_output_dir(parent, option)
+    if not parent.is_dir():
+        raise MtError(f"{option} {path}: its directory {parent} does not exist; create it, or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise MtError(f"{option} {path}: cannot write into {parent} (permission denied); choose another path")
+
+
+def check_output_dir(path: str | Path, option: str) -> None:
+    """Before any work: a directory at `path` exists or can be created (no file is in the way, and the nearest
+    existing directory above it is writable); else `MtError` naming the option, the path and the fix."""
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise MtError(f"{option} {path}: a file is in the way of the directory; move it, or choose another path")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise MtError(f"{option} {path}: {existing} is a file, not a directory; choose another path")
+    if not os.access(existing, os.W_OK):
+        raise MtError(f"{option} {path}: cannot write into {existing} (permission denied); choose another path")

@@ -17,6 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from mt.errors import MtError
+from mt.lines import check_output
 
 FIGSIZE = (12, 8)  # inches; at DPI this is a 1200×800 PNG
 DPI = 100
@@ -58,6 +59,7 @@ def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr) -> Pat
     """Draw the 2×2 panel of training curves for `run_dirs` into the PNG `out`; returns `out`."""
     if not run_dirs:
         raise MtError("no run directories to plot")
+    check_output(out, "--out", create_parent=True)
     logs = [read_log(Path(d) / "log.jsonl", warn) for d in run_dirs]
     labels = run_labels([Path(d) for d in run_dirs])
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")

@@ -41,7 +41,7 @@ from mt.corpus import (
     read_pairs,
 )
 from mt.errors import MtError
-from mt.lines import ENCODING_ERRORS, read_lines
+from mt.lines import ENCODING_ERRORS, check_output_dir, read_lines
 from mt.tokenizer import Tokenizer, train_sentencepiece
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -108,6 +108,7 @@ def prepare(
     options.check()
     sources = resolve_sources(src, tgt, corpus, train, valid, test, mirror)
     _check_replaceable(out_dir)
+    check_output_dir(out_dir, "--out")
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover from a killed run that had our pid
     tmp.mkdir(parents=True)

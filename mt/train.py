@@ -24,7 +24,7 @@ from mt.data import Batch, Prefetch, Split, fit_vocab, load_tokenizers, pinned, 
 from mt.device import autocast, autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import for_training
-from mt.lines import read_text
+from mt.lines import check_output_dir, read_text
 from mt.model import Transformer, count_parameters
 from mt.optim import adam, step_rate
 from mt.runlock import lock_run, unlock_run
@@ -71,6 +71,7 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
         resumed_from, saved = checkpoint.latest_resumable(out_dir, warn=rank == 0)
     elif (out_dir / checkpoint.LAST).is_file() or checkpoint.numbered(out_dir):
         raise MtError(f"{out_dir} already holds a run; pass --resume to continue it, or choose another --out")
+    check_output_dir(out_dir, "--out")
     validate(cfg)  # as load_config does, for a config built in code
     data_dir = Path(cfg.data)
     src_tok, tgt_tok, meta = load_tokenizers(data_dir)

@@ -27,7 +27,7 @@ from mt.device import autocast as device_autocast
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.fast import PRECISIONS
-from mt.lines import read_lines, read_text, write_lines
+from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
 from mt.options import TranslateRequest
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
@@ -112,6 +112,11 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
                                nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
+    for option, path in (("--output", request.output), ("--alignments", request.alignments)):
+        if path is not None:
+            check_output(path, option)
+    if request.attention is not None:
+        check_output_dir(request.attention, "--attention")
     if request.input is not None and not request.input.is_file():
         raise MtError(f"{request.input}: input file not found")
     return loaded, opts, device

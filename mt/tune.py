@@ -14,7 +14,7 @@ import sacrebleu
 from tqdm import tqdm
 
 from mt.errors import MtError
-from mt.lines import check_aligned, read_text
+from mt.lines import check_aligned, check_output, read_text
 from mt.options import DEVICE
 from mt.runlock import writing_into
 
@@ -89,6 +89,7 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
     if (src is None) != (ref is None):
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
     beam_list, penalty_list = parse_grid(beams, penalties)
+    check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):
         loaded = load_model(path, dev)

@@ -19,7 +19,7 @@ from mt.prepare import prepare
 from mt.tokenizer import Tokenizer
 
 from .conftest import LEXICON, tiny_model, write_corpus
-from .test_train import data, straight  # noqa: F401  (fixtures)
+from .test_train import ROOT, data, straight  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------------------------------------- signals
 
@@ -260,3 +260,27 @@ def yaml_config(data_dir: Path) -> str:
     return (f"data: {data_dir}\nmodel: {{d_model: 32, n_heads: 4, n_enc_layers: 1, n_dec_layers: 1, d_ff: 64, "
             "max_len: 32}\ntrain: {max_tokens: 256, warmup: 5, valid_every: 2, log_every: 1, valid_bleu: false, "
             "threads: 1}\n")
+
+
+# ---------------------------------------------------------------------------------------------- output paths
+
+
+def test_output_paths_are_checked_before_any_work_and_named_with_the_fix(model_path, tmp_path, corpus):
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n", encoding="utf-8")
+    in_the_way = tmp_path / "file"
+    in_the_way.write_text("keep me\n", encoding="utf-8")
+    missing = tmp_path / "missing" / "out.txt"
+    cases = [
+        (("translate", "-c", model_path, "-i", src, "-o", missing), f"--output {missing}: its directory"),
+        (("translate", "-c", model_path, "-i", src, "-o", tmp_path), f"--output {tmp_path}: is a directory"),
+        (("translate", "-c", model_path, "-i", src, "--alignments", missing), "--alignments"),
+        (("translate", "-c", model_path, "-i", src, "--attention", in_the_way / "maps"), f"{in_the_way} is a file"),
+        (("train", ROOT / "configs" / "demo.yaml", "--out", in_the_way), "a file is in the way"),
+        (("prepare", "--train", corpus / "train", "--out", in_the_way / "data"), f"{in_the_way} is a file"),
+        (("plot", tmp_path, "--out", in_the_way / "curves.png"), f"{in_the_way}: a file is in the way"),
+    ]
+    for args, fragment in cases:
+        assert_one_line_error(invoke(*args), fragment, "choose another path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "in.txt"]
+    assert in_the_way.read_text(encoding="utf-8") == "keep me\n"
