@@ -80,6 +80,7 @@ def prepare(
     encoding_errors: Annotated[Literal["strict", "replace", "ignore"], typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = PREPARE.encoding_errors,
     subword_samples: Annotated[int, typer.Option(min=0, help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. Pays off only with long training; the one-hour recipes leave it off. 0: off.")] = PREPARE.subword_samples,
     subword_alpha: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = PREPARE.subword_alpha,
+    tokenizer: Annotated[Path | None, typer.Option(help="Encode with the vocabulary of this mt checkpoint (or SentencePiece .model) instead of training one: data to fine-tune that model on.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
@@ -88,7 +89,7 @@ def prepare(
         out, src, tgt, corpus=corpus, train=train, valid=valid, test=test, mirror=mirror, vocab_size=vocab_size,
         joint=not separate_vocab, model_type=model_type, spm_sentences=spm_sentences, max_words=max_words,
         max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup, encoding_errors=encoding_errors,
-        subword_samples=subword_samples, subword_alpha=subword_alpha, progress=not quiet)
+        subword_samples=subword_samples, subword_alpha=subword_alpha, tokenizer=tokenizer, progress=not quiet)
     typer.echo(mt.prepare.summary(meta))
     typer.echo(f"wrote {out}")
 

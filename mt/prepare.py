@@ -19,6 +19,7 @@ leaves an existing `out_dir` as it was.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -66,6 +67,8 @@ class Options:
     # Subword regularization pays off only with long training; the one-hour recipes leave it off.
     subword_samples: int = 0
     subword_alpha: float = 0.3
+    # A checkpoint or SentencePiece .model whose vocabulary to encode with, instead of training one (to fine-tune).
+    tokenizer: str | None = None
 
     def check(self) -> None:
         """Raise `MtError` for a setting that cannot work, before any slow work starts."""
@@ -76,6 +79,9 @@ class Options:
                           f"not {self.encoding_errors!r}")
         if self.spm_sentences < 1:
             raise MtError(f"spm_sentences={self.spm_sentences}: SentencePiece needs at least one sentence to sample")
+        if self.tokenizer is not None and not Path(self.tokenizer).is_file():
+            raise MtError(f"--tokenizer {self.tokenizer}: not found; give an mt checkpoint (.pt) or a SentencePiece "
+                          ".model file")
         if self.subword_samples < 0 or self.subword_samples and not 0 < self.subword_alpha <= 1:
             raise MtError(f"subword samples {self.subword_samples}, alpha {self.subword_alpha}: give samples >= 0 "
                           "and 0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
@@ -88,7 +94,7 @@ def prepare(
     max_words: int = Options.max_words, max_ratio: float = Options.max_ratio,
     max_pieces: int = Options.max_pieces, dedup: bool = Options.dedup, spm_sentences: int = Options.spm_sentences,
     encoding_errors: str = Options.encoding_errors, subword_samples: int = Options.subword_samples,
-    subword_alpha: float = Options.subword_alpha, progress: bool = True,
+    subword_alpha: float = Options.subword_alpha, tokenizer: str | Path | None = None, progress: bool = True,
 ) -> dict:
     """Prepare `out_dir` for training `src` -> `tgt` and return the meta dict written to its meta.json.
 
@@ -98,10 +104,13 @@ def prepare(
     valid and test pairs are only normalised, never dropped. `spm_sentences` caps the lines SentencePiece samples.
     `subword_samples` > 0 also writes that many copies of the kept training pairs, each segmented by sampling at
     smoothness `subword_alpha` (repeatably: each draw is seeded), for training to take one per epoch in turn.
+    `tokenizer` (an mt checkpoint or a SentencePiece .model) gives the vocabulary instead of training one, so that
+    a trained model can go on training on this data; meta.json records where it came from and its sha256.
     """
     options = Options(vocab_size=vocab_size, joint=joint, model_type=model_type, spm_sentences=spm_sentences,
                       max_words=max_words, max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup,
-                      encoding_errors=encoding_errors, subword_samples=subword_samples, subword_alpha=subword_alpha)
+                      encoding_errors=encoding_errors, subword_samples=subword_samples, subword_alpha=subword_alpha,
+                      tokenizer=str(tokenizer) if tokenizer is not None else None)
     out_dir = Path(out_dir).absolute()
     if src == tgt:
         raise MtError(f"source and target language are both {src!r}")
@@ -156,15 +165,8 @@ def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str,
     if counts.kept == 0:
         raise MtError(f"no training pairs left after cleaning: {counts.as_dict()}")
 
-    model_files = _train_tokenizers(tmp, options.joint, options.vocab_size, options.model_type,
-                                    options.spm_sentences)
+    model_files = _vocabulary(tmp, options)
     tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
-    for name in sorted(set(model_files.values())):
-        made = Tokenizer.load(tmp / name).vocab_size
-        if made < options.vocab_size:  # SentencePiece makes what the corpus supports (hard_vocab_limit off)
-            print(f"warning: {name}: asked for a vocabulary of {options.vocab_size:,} pieces; the training text "
-                  f"supports {made:,}, which is what was made (--vocab-size {made} says so and silences this)",
-                  file=sys.stderr)
     splits, samples = {}, None
     for split in sources:
         train_split = split == "train"
@@ -187,20 +189,23 @@ def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], op
           counts: CleanCounts) -> dict:
     """meta.json: what was read, what was removed and why, the vocabulary, per-split sizes."""
     sampling = {"samples": options.subword_samples, "alpha": options.subword_alpha, **samples} if samples else None
+    joint = model_files["src"] == model_files["tgt"]
     return {
         "src": src,
         "tgt": tgt,
-        "joint": options.joint,
-        "vocab_size": tokenizers["src"].vocab_size if options.joint else None,
+        "joint": joint,
+        "vocab_size": tokenizers["src"].vocab_size if joint else None,
         "src_vocab_size": tokenizers["src"].vocab_size,
         "tgt_vocab_size": tokenizers["tgt"].vocab_size,
         "tokenizer": {
-            "model_type": options.model_type,
-            "requested_vocab_size": options.vocab_size,
+            "model_type": None if options.tokenizer else options.model_type,  # None: the source's
+            "requested_vocab_size": None if options.tokenizer else options.vocab_size,
             "spm_sentences": options.spm_sentences,
             "files": sorted(set(model_files.values())),
             "src": model_files["src"],
             "tgt": model_files["tgt"],
+            "from": options.tokenizer,  # None: trained here
+            "sha256": {side: hashlib.sha256(tokenizers[side].model_proto).hexdigest() for side in SIDES},
         },
         "splits": splits,
         "subword_sampling": sampling,
@@ -219,7 +224,7 @@ def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], op
 def summary(meta: dict) -> str:
     """The few lines `mt prepare` prints: pairs per split, what cleaning removed and why, the vocabulary."""
     pair = f"{meta['src']}-{meta['tgt']}"
-    kind = meta["tokenizer"]["model_type"]
+    kind = meta["tokenizer"]["model_type"] or f"reused (from {meta['tokenizer']['from']})"
     if meta["joint"]:
         vocab = f"joint {kind} vocabulary of {meta['vocab_size']:,} pieces"
     else:
@@ -296,6 +301,38 @@ def _write_text(pairs: Iterable[tuple[str, str]], directory: Path, split: str) -
             tgt_file.write(t + "\n")
             n += 1
     return n
+
+
+def _vocabulary(directory: Path, options: Options) -> dict[str, str]:
+    """The SentencePiece model file of each side in `directory`: copied from `options.tokenizer`, or trained on
+    the cleaned training text (with a warning when the text cannot fill the vocabulary asked for)."""
+    if options.tokenizer is not None:
+        return _copy_tokenizers(directory, Path(options.tokenizer))
+    model_files = _train_tokenizers(directory, options.joint, options.vocab_size, options.model_type,
+                                    options.spm_sentences)
+    for name in sorted(set(model_files.values())):
+        made = Tokenizer.load(directory / name).vocab_size
+        if made < options.vocab_size:  # SentencePiece makes what the corpus supports (hard_vocab_limit off)
+            print(f"warning: {name}: asked for a vocabulary of {options.vocab_size:,} pieces; the training text "
+                  f"supports {made:,}, which is what was made (--vocab-size {made} says so and silences this)",
+                  file=sys.stderr)
+    return model_files
+
+
+def _copy_tokenizers(directory: Path, source: Path) -> dict[str, str]:
+    """Write the SentencePiece model(s) of `source` (an mt checkpoint, or a .model file) into `directory`."""
+    if source.suffix == ".model":
+        protos = {"src": source.read_bytes(), "tgt": source.read_bytes()}
+    else:
+        from mt.checkpoint import load  # torch: imported only for a checkpoint
+
+        protos = load(source)["spm"]
+    files = {"src": "spm.model", "tgt": "spm.model"} if protos["src"] == protos["tgt"] else \
+        {side: f"spm.{side}.model" for side in SIDES}
+    for side in SIDES:
+        Tokenizer(protos[side])  # raises MtError for a model without mt's special ids
+        (directory / files[side]).write_bytes(protos[side])
+    return files
 
 
 def _train_tokenizers(

@@ -361,3 +361,45 @@ def test_a_vocabulary_the_corpus_cannot_fill_is_made_smaller_with_a_warning_that
     prepare(tmp_path / "again", "de", "en", train=str(tmp_path / "train"), valid=str(tmp_path / "valid"),
             vocab_size=made, progress=False)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_data_for_fine_tuning_is_encoded_with_the_vocabulary_of_a_model_and_says_so(tmp_path):
+    import hashlib
+
+    from mt import checkpoint
+    from mt.tokenizer import Tokenizer
+
+    from .conftest import write_corpus
+
+    first, other = write_corpus(tmp_path / "first", seed=0), write_corpus(tmp_path / "other", seed=1)
+    base = prepare(tmp_path / "base", "de", "en", train=str(first / "train"), valid=str(first / "valid"),
+                   vocab_size=40, progress=False)
+    proto = (tmp_path / "base" / "spm.model").read_bytes()
+    model = tmp_path / "model.pt"
+    checkpoint.save({"model": {}, "config": {}, "spm": {"src": proto, "tgt": proto}, "step": 0}, model)
+    for name, source in (("from_checkpoint", model), ("from_spm", tmp_path / "base" / "spm.model")):
+        meta = prepare(tmp_path / name, "de", "en", train=str(other / "train"), valid=str(other / "valid"),
+                       vocab_size=8000, tokenizer=source, progress=False)
+        assert (tmp_path / name / "spm.model").read_bytes() == proto  # not retrained, whatever --vocab-size says
+        assert meta["tokenizer"]["from"] == str(source) and meta["vocab_size"] == base["vocab_size"]
+        assert meta["tokenizer"]["sha256"] == {side: hashlib.sha256(proto).hexdigest() for side in ("src", "tgt")}
+        assert meta["tokenizer"]["sha256"] == base["tokenizer"]["sha256"]
+        ids = np.load(tmp_path / name / "valid.src.ids.npy")
+        assert ids.max() < base["vocab_size"]
+    text = (other / "valid.de").read_text(encoding="utf-8").splitlines()[0]
+    assert Tokenizer(proto).encode([text])[0] == np.load(tmp_path / "from_spm" / "valid.src.ids.npy")[
+        :np.load(tmp_path / "from_spm" / "valid.src.offsets.npy")[1]].tolist()
+
+
+def test_a_tokenizer_that_is_not_there_or_not_mts_is_refused_and_nothing_is_written(tmp_path):
+    from .conftest import write_corpus
+
+    corpus = write_corpus(tmp_path / "c")
+    with pytest.raises(MtError, match="--tokenizer .*missing.pt: not found"):
+        prepare(tmp_path / "out", "de", "en", train=str(corpus / "train"), tokenizer=tmp_path / "missing.pt",
+                progress=False)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(MtError, match="junk.pt: not a readable mt checkpoint"):
+        prepare(tmp_path / "out", "de", "en", train=str(corpus / "train"), tokenizer=tmp_path / "junk.pt",
+                progress=False)
+    assert not (tmp_path / "out").exists()
