@@ -25,14 +25,14 @@ import torch
 
 from mt.config import Config, ModelConfig
 from mt.data import Batch, Split, collate, epoch_batches, pad
-from mt.device import autocast, autocast_dtype, pick_device
+from mt.device import autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import PRECISIONS, for_inference, for_training
 from mt.model import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import Options, translate_lines
+from mt.translate import Options, autocast, translate_lines
 
 PRESETS = {
     "small": dict(d_model=256, n_heads=4, n_enc_layers=3, n_dec_layers=3, d_ff=1024),
@@ -104,7 +104,7 @@ def preset_workload(setting: TranslateBench, n: int, device: torch.device) -> tu
     limit, exact = setting.tgt_len + 1, setting.tgt_len  # EOS barred before tgt_len tokens, forced after
 
     def run() -> None:
-        with autocast(torch.bfloat16 if setting.precision == "bf16" else None, device):
+        with autocast(setting.precision, device):
             for src in batches:
                 if setting.beam == 1:
                     greedy(model, src, 0.0, limit, min_len=exact)

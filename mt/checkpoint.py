@@ -120,8 +120,8 @@ def latest_readable(run_dir: str | Path) -> tuple[Path, dict[str, Any], list[str
 
 
 def latest_resumable(run_dir: Path, warn: bool = True) -> tuple[Path, dict[str, Any]]:
-    """The newest readable checkpoint of the run in `run_dir` that holds training state; says on stderr (when `warn`) which damaged ones it
-    passed over."""
+    """The newest readable checkpoint of the run in `run_dir` that holds training state; says on stderr (when
+    `warn`) which damaged ones it passed over."""
     path, state, problems = latest_readable(run_dir)
     if warn:
         for problem in problems:

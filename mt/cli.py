@@ -142,13 +142,10 @@ def translate(
     """
     from mt.translate import run
 
-    try:
-        run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
-                    batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
-                    encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                    head=head))
-    except MtError as e:
-        fail(str(e), e.exit_code)
+    run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
+                         batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
+                         encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
+                         head=head))
 
 
 @app.command()

@@ -188,6 +188,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
     per_step = world * train_cfg.accumulate
     while True:
         split = epoch_split(splits, epoch)
+        tgt_lens = split.tgt_lens  # a property that computes them: once an epoch, not once a batch
         batches = epoch_batches(split, train_cfg.max_tokens, max_len, train_cfg.seed, epoch)
         if len(batches) < per_step:
             raise MtError(f"an epoch has {len(batches)} batches, fewer than the {per_step} of one step "
@@ -195,7 +196,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
                           f"train.max_tokens or train.accumulate")
         while batch + per_step <= len(batches):
             mine = batches[batch + rank:batch + per_step:world]
-            n_tokens = sum(target_tokens(split.tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
+            n_tokens = sum(target_tokens(tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
             yield StepBatches(epoch, batch, [collate(split, idx, max_len) for idx in mine], n_tokens)
             batch += per_step
         epoch, batch = epoch + 1, 0

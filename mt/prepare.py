@@ -116,8 +116,8 @@ def prepare(
         raise MtError(f"source and target language are both {src!r}")
     options.check()
     sources = resolve_sources(src, tgt, corpus, train, valid, test, mirror)
-    _check_replaceable(out_dir)
     check_output_dir(out_dir, "--out")
+    _check_replaceable(out_dir)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover from a killed run that had our pid
     tmp.mkdir(parents=True)
@@ -263,10 +263,8 @@ def summary(meta: dict) -> str:
 
 def _check_replaceable(out_dir: Path) -> None:
     """Only an empty directory or an earlier `prepare` output may be replaced: `--out .` must not wipe a project."""
-    if not out_dir.exists():
+    if not out_dir.is_dir():  # absent (a file in its way is check_output_dir's to report)
         return
-    if not out_dir.is_dir():
-        raise MtError(f"{out_dir} exists and is not a directory")
     if any(out_dir.iterdir()) and not (out_dir / "meta.json").is_file():
         raise MtError(
             f"{out_dir} exists and is not a prepared data directory (no meta.json); refusing to replace it"
