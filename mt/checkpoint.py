@@ -2,7 +2,7 @@
 
 A checkpoint is a plain dict saved with `torch.save`:
   model: state_dict · config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} ·
-  langs: {"src": "de", "tgt": "en"} · step · metrics ·
+  langs: {"src": "de", "tgt": "en"} · step · metrics · init: {"from": path, "step": N} in a fine-tuned run's ·
   and, in the resumable checkpoints only, `train`: optimizer, scaler, position (step, epoch, batch, elapsed,
   validations_since_best), best_score, rng, world_size. (Earlier versions wrote `best_bleu` and `stale` for
   best_score and validations_since_best, and, with train.ema, the raw `weights` beside their average.)

@@ -100,19 +100,23 @@ def train(
     out: Annotated[Path | None, typer.Option(help="Run directory [default: runs/CONFIG_NAME].")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config value: --set train.lr=1e-3 (repeatable).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last.pt (--set may change train.* and decode.*).")] = False,
+    init: Annotated[Path | None, typer.Option(help="Fine-tune: start a new run from this checkpoint's weights (its architecture and vocabulary; fresh optimizer, schedule and step count).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train a Transformer on data written by `mt prepare`."""
     from mt.config import load_config, resume_config
+    from mt.finetune import NOT_WITH_RESUME
     from mt.train import train as run
 
+    if init is not None and resume:
+        fail(NOT_WITH_RESUME)
     if (config is None) != resume:
         fail("give a config file (e.g. configs/demo.yaml) to start a run, or --resume --out RUN_DIR to continue one")
     if out is None and config is None:
         fail("--resume needs --out RUN_DIR")
     out = out or Path("runs") / config.stem
     cfg = resume_config(out, set_ or []) if resume else load_config(config, set_ or [])
-    metrics = run(cfg, out, resume=resume, progress=not quiet)
+    metrics = run(cfg, out, resume=resume, progress=not quiet, init=init)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, not one per process
         typer.echo(f"done: {out}/best.pt" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
 

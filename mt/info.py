@@ -30,6 +30,7 @@ def describe(checkpoint_path: str | Path) -> dict[str, Any]:
         "vocabulary": {"src": loaded.src_tok.vocab_size, "tgt": loaded.tgt_tok.vocab_size,
                        "joint": state["spm"]["src"] == state["spm"]["tgt"]},
         "metrics": dict(state.get("metrics") or {}),
+        "initialized_from": state.get("init"),  # a fine-tuned run's starting checkpoint; None: from scratch
         "resumable": "train" in state,  # last.pt carries the optimizer state; best.pt does not
         "config": state["config"],
     }
@@ -51,6 +52,8 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
         ("vocabulary", f"{vocab['src']:,} source, {vocab['tgt']:,} target"
                        + (" (one joint SentencePiece model)" if vocab["joint"] else "")),
         ("architecture", describe_architecture(arch)),
+        ("init", f"{d['initialized_from']['from']} (step {d['initialized_from']['step']:,}; fine-tuned from it)"
+                 if d.get("initialized_from") else "none (trained from scratch)"),
         ("resumable", "yes (last.pt: training state included)" if d["resumable"] else "no (weights only)"),
     ]
     metrics = d["metrics"]

@@ -24,6 +24,7 @@ from mt.data import Batch, Prefetch, Split, fit_vocab, load_tokenizers, pinned, 
 from mt.device import autocast, autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import for_training
+from mt.finetune import NOT_WITH_RESUME, load_init
 from mt.lines import check_output_dir, read_text
 from mt.model import Transformer, count_parameters
 from mt.optim import adam, step_rate
@@ -43,13 +44,15 @@ from mt.trainstate import Position, Run, TrainState
 from mt.validate import validation_metrics
 
 
-def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
+def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool = True,
+          init: str | Path | None = None) -> dict:
     """Train per `cfg`, writing into `out_dir`; returns the last validation metrics ({} on ranks other than 0).
+    `init`: a checkpoint whose weights a new run starts from (mt/finetune.py).
 
     Started by torchrun as one of several processes, joins their process group for the run (mt/distributed.py)."""
     device = distributed.start(pick_device(cfg.train.device))
     try:
-        run = open_run(cfg, Path(out_dir), device, resume, progress)
+        run = open_run(cfg, Path(out_dir), device, resume, progress, Path(init) if init is not None else None)
         if run.main:  # one writer per run: a second process is refused here, before it writes anything
             lock_run(run.out_dir)
         state = build_state(run)
@@ -63,10 +66,14 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
         distributed.stop()
 
 
-def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, progress: bool) -> Run:
-    """Check the config, the data and (on resume) the checkpoint to go on from; nothing is written yet."""
+def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, progress: bool,
+             init_path: Path | None = None) -> Run:
+    """Check the config, the data and the checkpoint to go on from (on resume) or start from (`init_path`);
+    nothing is written yet."""
     rank, world = distributed.rank(), distributed.world_size()
-    resumed_from, saved = None, None
+    resumed_from, saved, init = None, None, None
+    if resume and init_path is not None:
+        raise MtError(NOT_WITH_RESUME)
     if resume:
         resumed_from, saved = checkpoint.latest_resumable(out_dir, warn=rank == 0)
     elif (out_dir / checkpoint.LAST).is_file() or checkpoint.numbered(out_dir):
@@ -80,12 +87,14 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
     fit_vocab(cfg, src_tok, tgt_tok, meta.get("joint", True))
     if saved is not None and to_dict(cfg)["model"] != saved["config"]["model"]:
         raise MtError(f"{resumed_from}: the model config differs from the run's; a resumed run keeps its model")
+    if init_path is not None:
+        init = load_init(init_path, cfg, src_tok, tgt_tok, meta)
     has_valid = (data_dir / "valid.src.ids.npy").is_file()
     return Run(cfg, out_dir, device, autocast_dtype(cfg.train.precision, device), rank, world, src_tok, tgt_tok,
                {"src": meta.get("src"), "tgt": meta.get("tgt")}, train_splits(data_dir),
                Split(data_dir, "valid") if has_valid else None,
                read_text(data_dir / "valid.tgt.txt") if has_valid else None,
-               RunLog(rank == 0, progress), resumed_from, saved)
+               RunLog(rank == 0, progress), resumed_from, saved, init)
 
 
 def build_state(run: Run) -> TrainState:
@@ -102,6 +111,9 @@ def build_state(run: Run) -> TrainState:
     state = TrainState(model, model, None, optimizer, scaler)
     if run.saved is not None:
         restore(run, state)
+    elif run.init is not None:
+        model.load_state_dict(run.init.weights)
+        run.init.weights = {}  # loaded: not held twice for the whole run
     if run.rank > 0:  # a dropout stream of its own (see mt/distributed.py)
         torch.manual_seed(distributed.rank_seed(train_cfg.seed, run.rank, state.position.step))
     state.ddp = distributed.wrap(model, run.device)  # None in a single process
@@ -146,6 +158,8 @@ def start_log(run: Run, state: TrainState) -> None:
                 + (f" × {run.world} processes" if run.world > 1 else "")
                 + f" · precision {run.amp_dtype or torch.float32} · {pairs:,} training pairs"
                 + (f", {copies} sampled segmentations" if copies > 1 else ""))
+    if run.init_record is not None:
+        run.log.say(f"weights initialized from {run.init_record['from']} (step {run.init_record['step']:,})")
 
 
 def loop(run: Run, state: TrainState) -> dict:
@@ -241,10 +255,14 @@ def check_finite(run: Run, state: TrainState) -> None:
 
 
 def snapshot(run: Run, state: TrainState, metrics: dict) -> dict:
-    """What best.pt holds, and every checkpoint: weights, config, tokenizers, languages, step, metrics."""
-    return {"model": state.model.state_dict(), "config": to_dict(run.cfg),
-            "spm": {"src": run.src_tok.model_proto, "tgt": run.tgt_tok.model_proto}, "langs": run.langs,
-            "step": state.position.step, "metrics": metrics}
+    """What best.pt holds, and every checkpoint: weights, config, tokenizers, languages, step, metrics, and where
+    a fine-tuned run's weights started."""
+    saved = {"model": state.model.state_dict(), "config": to_dict(run.cfg),
+             "spm": {"src": run.src_tok.model_proto, "tgt": run.tgt_tok.model_proto}, "langs": run.langs,
+             "step": state.position.step, "metrics": metrics}
+    if run.init_record is not None:
+        saved["init"] = run.init_record
+    return saved
 
 
 def save_last(run: Run, state: TrainState, metrics: dict) -> None:

@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mt.config import Config
 from mt.data import Split
+from mt.finetune import Init
 from mt.model import Transformer
 from mt.runlog import RunLog
 from mt.tokenizer import Tokenizer
@@ -54,10 +55,18 @@ class Run:
     log: RunLog
     resumed_from: Path | None = None
     saved: dict | None = None  # the checkpoint resumed from
+    init: Init | None = None  # the checkpoint a fine-tuning run starts from (`--init`)
 
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def init_record(self) -> dict | None:
+        """Where the run's weights started, if not from scratch: kept in every checkpoint, and across resumes."""
+        if self.init is not None:
+            return self.init.record()
+        return (self.saved or {}).get("init")
 
 
 @dataclass
