@@ -186,6 +186,20 @@ def average(
 
 
 @app.command()
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint written by `mt train` or `mt average`.")],
+    to: Annotated[Literal["ctranslate2"], typer.Option(help="The engine to export for: ctranslate2.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The model directory to write.")],
+    quantization: Annotated[Literal["float32", "int8", "int8_float32", "int8_bfloat16", "float16", "bfloat16"], typer.Option(help="CTranslate2 weight type.")] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+) -> None:
+    """Export a checkpoint for another engine (CTranslate2), with its SentencePiece models and a README."""
+    from mt.export import export as run
+
+    typer.echo(f"wrote {run(checkpoint, to, out, quantization, force)}")
+
+
+@app.command()
 def tune(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint to tune.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode defaults (may be --checkpoint itself).")],

@@ -74,6 +74,15 @@ def prepare_corpus(root: Path, **sizes) -> Path:
     return root / "data"
 
 
+def assert_refused(result, *phrases: str) -> None:
+    """A CLI result (typer's CliRunner) that is one `error:` line, exit 2, saying each of `phrases`."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
     """`train` sets torch's thread count for the whole process; give the other tests theirs back."""

@@ -18,7 +18,7 @@ from mt.optim import learning_rate
 from mt.prepare import prepare
 from mt.train import train
 
-from .conftest import LEXICON, write_corpus
+from .conftest import LEXICON, assert_refused, write_corpus
 
 # The in-domain data: other sentences, and some words translated otherwise.
 NEW_LEXICON = LEXICON | {"hund": "hound", "baum": "bush", "rot": "ruby"}
@@ -110,14 +110,6 @@ def cli_train(tmp_path: Path, cfg: Config, *args: str):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(to_dict(cfg)), encoding="utf-8")
     return CliRunner().invoke(app, ["train", str(path), "--out", str(tmp_path / "run"), "-q", *args])
-
-
-def assert_refused(result, *phrases: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for phrase in phrases:
-        assert phrase in lines[0], lines[0]
 
 
 def test_data_with_another_vocabulary_is_refused_with_the_command_that_fixes_it(source, new_data, tmp_path):

@@ -1,0 +1,73 @@
+"""`mt export`: a checkpoint as another engine's model directory, written whole or not at all.
+
+Each target writes into a temporary directory beside `--out`, renamed into place at the end, so an interrupted
+export leaves no half-written model where an engine would load it. The targets: mt/to_ctranslate2.py (and,
+where added, others), each needing the `export` extra (`pip install 'mt[export]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from mt import checkpoint
+from mt.errors import MtError
+from mt.lines import check_output_dir
+
+TARGETS = ("ctranslate2",)
+MANIFEST = "mt_export.json"  # what was exported, from where, and the decoding defaults for `mt translate`
+
+
+def export(source: str | Path, to: str, out: str | Path, quantization: str = "float32", force: bool = False
+           ) -> Path:
+    """Write checkpoint `source` as a `to` model into directory `out`; returns `out`."""
+    source, out = Path(source), Path(out)
+    if to not in TARGETS:
+        raise MtError(f"--to {to}: unknown target; choose one of {', '.join(TARGETS)}")
+    check_output_dir(out, "--out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MtError(f"--out {out}: exists and is not empty; choose another directory, or --force to replace it")
+    state = checkpoint.load(source)
+    writer = target_module(to)
+    if quantization not in writer.QUANTIZATIONS:
+        raise MtError(f"--quantization {quantization}: not for --to {to}; choose one of "
+                      f"{', '.join(writer.QUANTIZATIONS)}")
+    tmp = out.absolute().with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        writer.write(state, tmp, quantization)
+        for side, name in (("src", "source.spm"), ("tgt", "target.spm")):
+            (tmp / name).write_bytes(state["spm"][side])
+        manifest = {"format": to, "quantization": quantization, "source": str(source), "step": state.get("step"),
+                    "langs": state.get("langs"), "decode": state["config"]["decode"]}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        (tmp / "README.md").write_text(writer.readme(manifest), encoding="utf-8")
+        replace_dir(tmp, out)
+    except OSError as e:
+        raise MtError(f"--out {out}: cannot write ({e.strerror or e}); nothing was changed there") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def target_module(to: str):
+    """The module that writes `to`, or a clear error when its package is not installed."""
+    try:
+        if to == "ctranslate2":
+            from mt import to_ctranslate2
+
+            return to_ctranslate2
+    except ImportError as e:
+        raise MtError(f"--to {to} needs the {e.name} package: pip install 'mt[export]'") from None
+    raise AssertionError(to)
+
+
+def replace_dir(new: Path, out: Path) -> None:
+    """Rename `new` to `out`, replacing a directory there: the old one moves aside first and goes last."""
+    old = out.absolute().with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(new, out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,131 @@
+"""`mt export`: the exported model is the same model, token for token; bad input changes nothing."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mt import checkpoint
+from mt.cli import app
+from mt.config import Config, ModelConfig
+from mt.errors import MtError
+from mt.export import export
+from mt.prepare import prepare
+from mt.search import beam_search
+from mt.tokenizer import EOS
+from mt.train import train
+
+from .conftest import assert_refused, write_corpus
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+MAX_OUTPUT = 30  # one output limit for every engine; the trained model ends its outputs well before it
+
+VARIANTS = {
+    "post-norm, relu, joint vocabulary, one shared table": dict(),
+    "pre-norm, gelu, separate input and output tables": dict(norm="pre", activation="gelu", share_embeddings=False,
+                                                             tie_output=False),
+    "post-norm, separate vocabularies": dict(joint=False),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def trained(request, tmp_path_factory) -> tuple[Path, list[str]]:
+    """A tiny model trained on the synthetic corpus until it translates it, and the sentences to translate."""
+    changes = dict(VARIANTS[request.param])
+    root = tmp_path_factory.mktemp("export")
+    corpus = write_corpus(root / "corpus")
+    prepare(root / "data", "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=40,
+            joint=changes.pop("joint", True), progress=False)
+    cfg = Config(data=str(root / "data"), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2,
+                                                            d_ff=64, dropout=0.0, max_len=64, **changes))
+    cfg.train.max_tokens, cfg.train.warmup, cfg.train.max_steps, cfg.train.lr = 256, 20, 300, 3e-3
+    cfg.train.valid_bleu, cfg.train.threads = False, 1
+    train(cfg, root / "run", progress=False)
+    return root / "run" / "best.pt", (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+
+
+def mt_ids(path: Path, lines: list[str], beam: int) -> list[list[int]]:
+    loaded = checkpoint.load_model(path)
+    outputs = []
+    for ids in loaded.src_tok.encode(lines):
+        best = beam_search(loaded.model, torch.tensor([ids + [EOS]]), beam=beam, len_penalty=0.0, max_len_a=0.0,
+                           max_len_b=MAX_OUTPUT)[0][0]
+        assert len(best.tokens) < MAX_OUTPUT - 1, "the model must end its outputs for the comparison to hold"
+        outputs.append(best.tokens)
+    return outputs
+
+
+def ctranslate2_ids(directory: Path, lines: list[str], beam: int) -> list[list[int]]:
+    src = ctranslate2_tokenizer(directory / "source.spm")
+    tgt = ctranslate2_tokenizer(directory / "target.spm")
+    results = ctranslate2.Translator(str(directory)).translate_batch(
+        [src.encode(line, out_type=str) for line in lines], beam_size=beam, length_penalty=0.0,
+        max_decoding_length=MAX_OUTPUT)
+    return [[tgt.piece_to_id(piece) for piece in r.hypotheses[0]] for r in results]
+
+
+def ctranslate2_tokenizer(path: Path):
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=str(path))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_ctranslate2_translates_token_for_token_as_mt(trained, beam, tmp_path):
+    path, lines = trained
+    export(path, "ctranslate2", tmp_path / "ct2")
+    assert ctranslate2_ids(tmp_path / "ct2", lines, beam) == mt_ids(path, lines, beam)
+
+
+def test_the_export_says_how_to_load_it_and_records_its_source(trained, tmp_path):
+    path, _ = trained
+    out = export(path, "ctranslate2", tmp_path / "ct2", quantization="int8")
+    manifest = json.loads((out / "mt_export.json").read_text())
+    assert manifest["source"] == str(path) and manifest["quantization"] == "int8"
+    assert manifest["langs"] == {"src": "de", "tgt": "en"}
+    readme = (out / "README.md").read_text()
+    assert "ctranslate2.Translator" in readme and "length penalty is not mt's" in readme
+    assert (out / "source.spm").read_bytes() == checkpoint.load(path)["spm"]["src"]
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, ["export", *map(str, args)])
+
+
+def test_bad_input_is_refused_in_one_line_and_writes_nothing(trained, tmp_path):
+    path, _ = trained
+    junk = tmp_path / "notes.pt"
+    junk.write_text("not a checkpoint\n")
+    assert_refused(cli(junk, "--to", "ctranslate2", "--out", tmp_path / "a"), "not a readable mt checkpoint")
+    assert_refused(cli(path, "--to", "onnx", "--out", tmp_path / "b"), "onnx")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine\n")
+    assert_refused(cli(path, "--to", "ctranslate2", "--out", taken), f"{taken}: exists and is not empty", "--force")
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt", "taken"]
+    replaced = cli(path, "--to", "ctranslate2", "--out", taken, "--force")
+    assert replaced.exit_code == 0, replaced.output
+    assert (taken / "model.bin").is_file() and not (taken / "keep.txt").exists()
+
+
+def test_an_export_that_fails_midway_leaves_the_previous_directory_as_it_was(trained, tmp_path, monkeypatch):
+    from mt import to_ctranslate2
+
+    path, _ = trained
+    out = export(path, "ctranslate2", tmp_path / "ct2")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def write_half(state, directory, quantization):
+        directory.mkdir()
+        (directory / "model.bin").write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(to_ctranslate2, "write", write_half)
+    with pytest.raises(MtError, match="No space left on device"):
+        export(path, "ctranslate2", out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
