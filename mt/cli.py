@@ -123,7 +123,7 @@ def train(
 
 @app.command()
 def translate(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`.")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`, or a directory written by `mt export --to ctranslate2`.")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file [default: stdin].")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file [default: stdout].")] = None,
     beam: Annotated[int | None, typer.Option(min=1, help="Beam size; 1 is greedy [default: the checkpoint's].")] = None,
@@ -138,6 +138,7 @@ def translate(
     alignments: Annotated[Path | None, typer.Option(help="Write source-target alignments from the attention to this file, one line per input line, Pharaoh format (`0-0 1-2`, 0-based).")] = None,
     layer: Annotated[int | None, typer.Option(min=0, help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
     head: Annotated[int | None, typer.Option(min=0, help="With --layer: this attention head, 0-based [default: the mean of all heads].")] = None,
+    engine: Annotated[Literal["auto", "mt", "ctranslate2"], typer.Option(help="mt (a checkpoint), ctranslate2 (an exported directory), or auto: whichever --checkpoint is.")] = TranslateRequest.engine,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order.
 
@@ -149,16 +150,17 @@ def translate(
     run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                          batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
                          encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                         head=head))
+                         head=head, engine=engine))
 
 
 @app.command()
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
     hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score.")] = None,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="Translate --src with this checkpoint, then score.")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="Translate --src with this checkpoint (or `mt export --to ctranslate2` directory), then score.")] = None,
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Source sentences (with --checkpoint).")] = None,
     beam: Annotated[int | None, typer.Option(min=1, help="Beam size [default: the checkpoint's].")] = None,
+    len_penalty: Annotated[float | None, typer.Option(min=0.0, max=10.0, help="Length penalty alpha (the engine's own) [default: the checkpoint's; 1.0 for CTranslate2].")] = None,
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
@@ -167,7 +169,7 @@ def evaluate(
     from mt.evaluate import evaluate as run
     from mt.evaluate import render
 
-    typer.echo(render(run(ref, hyp, checkpoint, src, beam, lowercase, device), json_))
+    typer.echo(render(run(ref, hyp, checkpoint, src, beam, lowercase, device, len_penalty), json_))
 
 
 @app.command()
@@ -254,7 +256,7 @@ def info(
 
 @app.command()
 def score(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`.")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`, or a directory written by `mt export --to ctranslate2`.")],
     src: Annotated[Path, typer.Option("--src", "-s", help="Source sentences, one per line.")],
     tgt: Annotated[Path, typer.Option("--tgt", "-t", help="Their translations to score, line-aligned with --src.")],
     batch_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per batch [default: the checkpoint's decode.batch_tokens].")] = None,

@@ -26,7 +26,8 @@ def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
 
 
 def evaluate(ref: Path, hyp: Path | None = None, checkpoint: Path | None = None, src: Path | None = None,
-             beam: int | None = None, lowercase: bool = False, device: str = DEVICE) -> dict:
+             beam: int | None = None, lowercase: bool = False, device: str = DEVICE,
+             len_penalty: float | None = None) -> dict:
     """Score `hyp`, or `checkpoint`'s translation of `src` (decoded with its own defaults, or `beam`), against
     `ref`; `score`'s report."""
     if (hyp is None) == (checkpoint is None):
@@ -39,7 +40,7 @@ def evaluate(ref: Path, hyp: Path | None = None, checkpoint: Path | None = None,
     else:
         from mt.translate import translate_file  # torch: imported only when there is something to translate
 
-        hyps = translate_file(checkpoint, src, beam, device)
+        hyps = translate_file(checkpoint, src, beam, device, len_penalty)
     check_aligned(hyp or src, len(hyps), ref, len(refs))
     return score(hyps, refs, lowercase)
 

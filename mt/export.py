@@ -14,10 +14,10 @@ from pathlib import Path
 
 from mt import checkpoint
 from mt.errors import MtError
+from mt.exported import MANIFEST
 from mt.lines import check_output_dir
 
 TARGETS = ("ctranslate2",)
-MANIFEST = "mt_export.json"  # what was exported, from where, and the decoding defaults for `mt translate`
 
 
 def export(source: str | Path, to: str, out: str | Path, quantization: str = "float32", force: bool = False
@@ -41,7 +41,7 @@ def export(source: str | Path, to: str, out: str | Path, quantization: str = "fl
         for side, name in (("src", "source.spm"), ("tgt", "target.spm")):
             (tmp / name).write_bytes(state["spm"][side])
         manifest = {"format": to, "quantization": quantization, "source": str(source), "step": state.get("step"),
-                    "langs": state.get("langs"), "decode": state["config"]["decode"]}
+                    "langs": state.get("langs"), "config": state["config"]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         (tmp / "README.md").write_text(writer.readme(manifest), encoding="utf-8")
         replace_dir(tmp, out)

@@ -30,6 +30,7 @@ class TranslateRequest:
     alignments: Path | None = None  # a file for the alignment lines
     layer: int | None = None  # of the attention: None is the mean of all decoder layers
     head: int | None = None  # within `layer`: None is the mean of its heads
+    engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
 
 
 @dataclass

@@ -122,7 +122,7 @@ def translator(directory: str | Path, device: str = "cpu", threads: int = 0) -> 
 def readme(manifest: dict) -> str:
     """The README.md written beside the model: what it is and how to load it."""
     langs = manifest.get("langs") or {}
-    beam = manifest["decode"]["beam"]
+    beam = manifest["config"]["decode"]["beam"]
     return f"""# {langs.get('src', '?')}→{langs.get('tgt', '?')} translation model for CTranslate2
 
 Exported by `mt export` from `{manifest['source']}` (step {manifest['step']}), weights in {manifest['quantization']}.
@@ -136,9 +136,9 @@ out = translator.translate_batch([src.encode("Your sentence.", out_type=str)], b
 print(tgt.decode(out[0].hypotheses[0]))
 ```
 
-Or, from mt: `mt translate --checkpoint . < input.txt`.
+Or, from mt: `mt translate --checkpoint . < input.txt` (beam {beam}, CTranslate2's length penalty 1.0).
 
 The length penalty is not mt's: CTranslate2 divides a hypothesis's log-probability by length^α, mt by
 ((5 + length) / 6)^α, so mt's tuned α does not carry over. Choose CTranslate2's on a validation set (`mt evaluate
---checkpoint . --len-penalty A`, for a few A).
+--checkpoint . --src valid.src --ref valid.tgt --len-penalty A`, for a few A).
 """

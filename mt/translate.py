@@ -26,6 +26,8 @@ from mt.data import batch_by_tokens, pad
 from mt.device import autocast as device_autocast
 from mt.device import pick_device
 from mt.errors import MtError
+from mt.exported import CTranslate2Model, is_export
+from mt.exported import load as load_exported
 from mt.fast import PRECISIONS
 from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
 from mt.options import TranslateRequest
@@ -108,7 +110,7 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     device = pick_device(request.device)
     if request.precision == "int8" and device.type != "cpu":
         raise MtError("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
-    loaded = load_model(request.checkpoint, device, request.precision)
+    loaded = load_any(request.checkpoint, device, request.precision, request.engine)
     opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
                                nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
@@ -122,10 +124,24 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     return loaded, opts, device
 
 
+def load_any(path: Path, device: torch.device, precision: str | None = "fp32", engine: str = "auto") -> Loaded:
+    """A checkpoint, or a model exported for CTranslate2 (mt/exported.py); `engine` "mt" or "ctranslate2"
+    insists on one of them."""
+    exported = is_export(path)
+    if engine == "ctranslate2" and not exported:
+        raise MtError(f"--engine ctranslate2: {path} is not a CTranslate2 export; make one with `mt export {path} "
+                      f"--to ctranslate2 --out DIR`")
+    if engine == "mt" and exported:
+        raise MtError(f"--engine mt: {path} is a CTranslate2 export; give the checkpoint it came from")
+    return load_exported(path, device, precision) if exported else load_model(path, device, precision)
+
+
 def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> Attention | None:
     """The attention option, if --attention or --alignments asks for it, checked against the model."""
     if request.attention is None and request.alignments is None:
         return None
+    if isinstance(loaded.model, CTranslate2Model):
+        raise MtError("--attention and --alignments need mt's own model; give the checkpoint, not the export")
     layer, head = request.layer, request.head
     n_layers, n_heads = loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads
     if nbest > 1:
@@ -179,11 +195,13 @@ def output_lines(translated: Iterable[Translated], aligned: list[str]) -> Iterat
         yield from result.lines
 
 
-def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str) -> list[str]:
-    """The translation of each line of `src` by `checkpoint`, with its decode config (and `beam`, if given)."""
+def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str, len_penalty: float | None = None
+                   ) -> list[str]:
+    """The translation of each line of `src` by `checkpoint` (or a CTranslate2 export), with its decode config
+    (and `beam` and `len_penalty`, if given)."""
     dev = pick_device(device)
-    loaded = load_model(checkpoint, dev)
-    opts = Options.from_config(loaded.config.decode, beam=beam)
+    loaded = load_any(checkpoint, dev)
+    opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty)
     return list(translate_stream(loaded, read_text(src), opts, dev))
 
 
@@ -256,6 +274,9 @@ def search_lines(model, srcs: list[list[int] | None], opts: Options,
 
 def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.device) -> list[list[Hypothesis]]:
     """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source."""
+    if isinstance(model, CTranslate2Model):
+        return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
+                            opts.batch_tokens) if srcs else []
     lengths = [len(s) + 1 for s in srcs]
     results: list[list[Hypothesis]] = [[] for _ in srcs]
     for idx in batch_by_tokens(lengths, opts.batch_tokens):

@@ -129,3 +129,33 @@ def test_an_export_that_fails_midway_leaves_the_previous_directory_as_it_was(tra
         export(path, "ctranslate2", out, force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
+
+
+def test_mt_translates_and_scores_an_export_as_it_does_its_checkpoint(trained, tmp_path):
+    path, lines = trained
+    out = export(path, "ctranslate2", tmp_path / "ct2")
+    source = tmp_path / "valid.de"
+    source.write_text("\n".join(lines[:8] + ["", "   "] + lines[8:]) + "\n", encoding="utf-8")  # blank lines kept
+    runner = CliRunner()
+    same = ["--input", str(source), "--beam", "4", "--len-penalty", "0"]
+    mine = runner.invoke(app, ["translate", "--checkpoint", str(path), *same])
+    theirs = runner.invoke(app, ["translate", "--checkpoint", str(out), "--engine", "ctranslate2", *same])
+    assert mine.exit_code == theirs.exit_code == 0, mine.output + theirs.output
+    assert theirs.stdout == mine.stdout and len(theirs.stdout.splitlines()) == len(lines) + 2
+    reference = tmp_path / "valid.en"
+    reference.write_text(mine.stdout, encoding="utf-8")
+    scored = runner.invoke(app, ["evaluate", "--checkpoint", str(out), "--src", str(source), "--ref", str(reference),
+                                 "--len-penalty", "0", "--beam", "4", "--json"])
+    assert json.loads(scored.stdout)["bleu"]["score"] == 100.0
+
+
+def test_what_an_export_cannot_do_is_refused(trained, tmp_path):
+    path, lines = trained
+    out = export(path, "ctranslate2", tmp_path / "ct2")
+    runner = CliRunner()
+    assert_refused(runner.invoke(app, ["translate", "-c", str(path), "--engine", "ctranslate2"], input="x\n"),
+                   "is not a CTranslate2 export", f"mt export {path} --to ctranslate2")
+    assert_refused(runner.invoke(app, ["translate", "-c", str(out), "--alignments", str(tmp_path / "a.txt")],
+                                 input="x\n"), "need mt's own model")
+    assert_refused(runner.invoke(app, ["translate", "-c", str(out), "--precision", "int8"], input="x\n"),
+                   "exported with (float32)", "--quantization")
