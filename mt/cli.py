@@ -190,12 +190,12 @@ def average(
 @app.command()
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint written by `mt train` or `mt average`.")],
-    to: Annotated[Literal["ctranslate2"], typer.Option(help="The engine to export for: ctranslate2.")],
+    to: Annotated[Literal["ctranslate2", "huggingface"], typer.Option(help="ctranslate2 (a CTranslate2 model directory) or huggingface (a MarianMTModel directory).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The model directory to write.")],
-    quantization: Annotated[Literal["float32", "int8", "int8_float32", "int8_bfloat16", "float16", "bfloat16"], typer.Option(help="CTranslate2 weight type.")] = "float32",
+    quantization: Annotated[Literal["float32", "int8", "int8_float32", "int8_bfloat16", "float16", "bfloat16"], typer.Option(help="Weight type, for ctranslate2 (huggingface: float32).")] = "float32",
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
 ) -> None:
-    """Export a checkpoint for another engine (CTranslate2), with its SentencePiece models and a README."""
+    """Export a checkpoint for CTranslate2 or Hugging Face transformers, with its SentencePiece models and a README."""
     from mt.export import export as run
 
     typer.echo(f"wrote {run(checkpoint, to, out, quantization, force)}")

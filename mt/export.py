@@ -1,8 +1,8 @@
 """`mt export`: a checkpoint as another engine's model directory, written whole or not at all.
 
 Each target writes into a temporary directory beside `--out`, renamed into place at the end, so an interrupted
-export leaves no half-written model where an engine would load it. The targets: mt/to_ctranslate2.py (and,
-where added, others), each needing the `export` extra (`pip install 'mt[export]'`).
+export leaves no half-written model where an engine would load it. The targets, mt/to_ctranslate2.py and
+mt/to_huggingface.py, need the `export` extra (`pip install 'mt[export]'`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mt.errors import MtError
 from mt.exported import MANIFEST
 from mt.lines import check_output_dir
 
-TARGETS = ("ctranslate2",)
+TARGETS = ("ctranslate2", "huggingface")
 
 
 def export(source: str | Path, to: str, out: str | Path, quantization: str = "float32", force: bool = False
@@ -59,6 +59,10 @@ def target_module(to: str):
             from mt import to_ctranslate2
 
             return to_ctranslate2
+        if to == "huggingface":
+            from mt import to_huggingface
+
+            return to_huggingface
     except ImportError as e:
         raise MtError(f"--to {to} needs the {e.name} package: pip install 'mt[export]'") from None
     raise AssertionError(to)

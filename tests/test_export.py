@@ -14,7 +14,7 @@ from mt.errors import MtError
 from mt.export import export
 from mt.prepare import prepare
 from mt.search import beam_search
-from mt.tokenizer import EOS
+from mt.tokenizer import BOS, EOS, PAD
 from mt.train import train
 
 from .conftest import assert_refused, write_corpus
@@ -89,6 +89,67 @@ def test_the_export_says_how_to_load_it_and_records_its_source(trained, tmp_path
     readme = (out / "README.md").read_text()
     assert "ctranslate2.Translator" in readme and "length penalty is not mt's" in readme
     assert (out / "source.spm").read_bytes() == checkpoint.load(path)["spm"]["src"]
+
+
+def huggingface_ids(directory: Path, lines: list[str], beam: int) -> list[list[int]]:
+    from transformers import MarianMTModel, MarianTokenizer
+
+    tokenizer, model = MarianTokenizer.from_pretrained(directory), MarianMTModel.from_pretrained(directory)
+    generated = model.generate(**tokenizer(lines, return_tensors="pt", padding=True), num_beams=beam,
+                               length_penalty=0.0, max_length=MAX_OUTPUT + 1)  # + 1: the start token counts
+    outputs = [row[1:] for row in generated.tolist()]  # after the start token, up to EOS (then padding)
+    return [row[:row.index(EOS)] if EOS in row else row for row in outputs]
+
+
+def is_pre_norm(path: Path) -> bool:
+    return checkpoint.load(path)["config"]["model"]["norm"] == "pre"
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_hugging_face_generates_token_for_token_as_mt(trained, beam, tmp_path):
+    path, lines = trained
+    if is_pre_norm(path):
+        pytest.skip("Marian is post-norm only: a pre-norm model is refused (tested below)")
+    export(path, "huggingface", tmp_path / "hf")
+    assert huggingface_ids(tmp_path / "hf", lines, beam) == mt_ids(path, lines, beam)
+
+
+def test_hugging_face_logits_match_mts_on_a_padded_batch(trained, tmp_path):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from mt.data import pad
+
+    path, lines = trained
+    if is_pre_norm(path):
+        with pytest.raises(MtError, match="pre-norm model cannot be a Hugging Face MarianMTModel.*--to ctranslate2"):
+            export(path, "huggingface", tmp_path / "hf")
+        assert not (tmp_path / "hf").exists()
+        return
+    out = export(path, "huggingface", tmp_path / "hf")
+    tokenizer, model = MarianTokenizer.from_pretrained(out), MarianMTModel.from_pretrained(out).eval()
+    loaded = checkpoint.load_model(path, precision=None)
+    batch = tokenizer(lines, return_tensors="pt", padding=True)
+    assert torch.equal(batch["input_ids"], pad(loaded.src_tok.encode(lines), [], [EOS]))  # same ids, </s> added
+    targets = pad(loaded.tgt_tok.encode([line.upper() for line in lines]), [BOS], [])  # any target, padded
+    with torch.no_grad():
+        mine = loaded.model(batch["input_ids"], targets)
+        theirs = model(**batch, decoder_input_ids=targets).logits
+    real = targets != PAD
+    assert (mine - theirs)[real].abs().max() < 1e-4
+
+
+def test_the_hugging_face_directory_is_complete_and_says_what_not_to_do(trained, tmp_path):
+    path, _ = trained
+    if is_pre_norm(path):
+        pytest.skip("refused")
+    out = export(path, "huggingface", tmp_path / "hf")
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["num_beams"] == checkpoint.load(path)["config"]["decode"]["beam"]
+    assert generation["decoder_start_token_id"] == BOS and generation["max_length"] > 20
+    card = (out / "README.md").read_text()
+    assert "MarianMTModel.from_pretrained" in card and "ct2-transformers-converter" in card
+    assert {"config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json"} <= {
+        p.name for p in out.iterdir()}
 
 
 def cli(*args: str):
