@@ -1,0 +1,162 @@
+"""`mt export` on a Multi30k model: do the exports translate as mt does, how well, and how fast?
+
+1. Greedy test2016 translations of mt, the float32 CTranslate2 export and the Hugging Face export, with one fixed
+   output limit for all: the lines whose tokens differ from mt's are listed.
+2. Each engine's beam size and length penalty chosen on valid (its own penalty: GNMT for mt, length^alpha for the
+   others), then test2016 BLEU with that choice; mt int8 and CTranslate2 int8 / int8_float32 beside them.
+3. The time to translate the 1,000 test sentences, every engine in turn, `--rounds` times; medians.
+
+    python benchmarks/export_multi30k.py CHECKPOINT [--mirror ../shared/data] [--limit N] > export.json
+
+Needs the export extra (`pip install -e '.[export]'`). One JSON object on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from mt.checkpoint import load_model
+from mt.export import export
+from mt.exported import load as load_exported
+from mt.tokenizer import EOS
+from mt.translate import Options, translate_lines
+
+FIXED_LIMIT = 128  # the one output limit of the token-for-token comparison
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--mirror", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N sentences of each set (a dry run)")
+    parser.add_argument("--beams", default="4,5")
+    parser.add_argument("--len-penalties", default="0.6,1.0,1.4")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    langs = load_model(args.checkpoint).state["langs"]
+    sets = {name: [read(args.mirror / "multi30k" / f"{name}.{lang}.gz", args.limit) for lang in langs.values()]
+            for name in ("val", "test_2016_flickr")}
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = load_engines(args.checkpoint, Path(tmp))
+        report = {"checkpoint": str(args.checkpoint), "threads": torch.get_num_threads(),
+                  "identical_greedy": identical_greedy(engines, sets["test_2016_flickr"][0])}
+        grid = [(b, lp) for b in map(int, args.beams.split(",")) for lp in map(float, args.len_penalties.split(","))]
+        report["quality"] = quality(engines, sets, grid)
+        report["seconds"] = timings(engines, sets["test_2016_flickr"][0], report["quality"], args.rounds)
+    json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
+    print()
+
+
+def read(path: Path, limit: int) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return lines[:limit] if limit else lines
+
+
+def load_engines(checkpoint: Path, tmp: Path) -> dict:
+    """Each engine as a function (lines, beam, len_penalty, max_len_a, max_len_b) → [token ids per line]."""
+    engines = {"mt fp32": mt_engine(load_model(checkpoint, precision="fp32")),
+               "mt int8": mt_engine(load_model(checkpoint, precision="int8"))}
+    for quantization in ("float32", "int8", "int8_float32"):
+        directory = export(checkpoint, "ctranslate2", tmp / f"ct2-{quantization}", quantization)
+        engines[f"ctranslate2 {quantization}"] = mt_engine(load_exported(directory))
+    engines["huggingface fp32"] = huggingface_engine(export(checkpoint, "huggingface", tmp / "hf"))
+    return engines
+
+
+def mt_engine(loaded):
+    def run(lines, beam, len_penalty, max_len_a=1.5, max_len_b=10):
+        opts = Options(beam, len_penalty, max_len_a, max_len_b, batch_tokens=4096)
+        return [hyps[0].tokens if hyps else [] for hyps in translate_lines(loaded, lines, opts, torch.device("cpu"))]
+    run.decode = loaded.tgt_tok.decode
+    return run
+
+
+def huggingface_engine(directory: Path, batch: int = 64):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    tokenizer, model = MarianTokenizer.from_pretrained(directory), MarianMTModel.from_pretrained(directory).eval()
+
+    def run(lines, beam, len_penalty, max_len_a=1.5, max_len_b=10):
+        order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+        out: list[list[int]] = [[] for _ in lines]
+        for start in range(0, len(order), batch):
+            idx = order[start:start + batch]
+            inputs = tokenizer([lines[i] for i in idx], return_tensors="pt", padding=True)
+            longest = int(inputs["attention_mask"].sum(1).max())
+            with torch.inference_mode():
+                generated = model.generate(**inputs, num_beams=beam, length_penalty=len_penalty,
+                                           max_length=int(max_len_a * longest + max_len_b) + 1)
+            for i, row in zip(idx, generated.tolist(), strict=True):
+                row = row[1:]
+                out[i] = row[:row.index(EOS)] if EOS in row else row
+        return out
+    run.decode = lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return run
+
+
+def identical_greedy(engines: dict, sources: list[str]) -> dict:
+    """Greedy, one fixed limit for all: the share of lines whose tokens equal mt's, and the lines that differ."""
+    mine = engines["mt fp32"](sources, 1, 0.0, 0.0, FIXED_LIMIT)
+    result = {}
+    for name in ("ctranslate2 float32", "huggingface fp32"):
+        theirs = engines[name](sources, 1, 0.0, 0.0, FIXED_LIMIT)
+        differ = [i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+        result[name] = {"identical": 1 - len(differ) / len(sources), "differ": [
+            {"line": i + 1, "mt": engines["mt fp32"].decode([mine[i]])[0], name: engines[name].decode([theirs[i]])[0]}
+            for i in differ]}
+        log(f"{name}: {len(sources) - len(differ)}/{len(sources)} greedy lines identical to mt's")
+    return result
+
+
+def quality(engines: dict, sets: dict, grid: list[tuple[int, float]]) -> dict:
+    """Per engine: the setting with the best valid BLEU (chosen for the fp32 engines; the int8 ones take their
+    fp32 sibling's), and test BLEU with it."""
+    chosen, result = {}, {}
+    for name, run in engines.items():
+        family = name.split()[0]
+        if family not in chosen:
+            scores = {(b, lp): bleu(run, sets["val"], b, lp) for b, lp in grid}
+            chosen[family] = max(scores, key=scores.get)
+            log(f"{family}: valid BLEU by (beam, len_penalty) {scores}")
+        beam, len_penalty = chosen[family]
+        result[name] = {"beam": beam, "len_penalty": len_penalty, "test_bleu": bleu(run, sets["test_2016_flickr"],
+                                                                                     beam, len_penalty)}
+        log(f"{name}: {result[name]}")
+    return result
+
+
+def bleu(run, pair: list[list[str]], beam: int, len_penalty: float) -> float:
+    sources, refs = pair
+    return round(sacrebleu.corpus_bleu(run.decode(run(sources, beam, len_penalty)), [refs]).score, 2)
+
+
+def timings(engines: dict, sources: list[str], settings: dict, rounds: int) -> dict:
+    """Seconds to translate `sources` with each engine's chosen setting, the engines in turn, median of rounds."""
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(rounds):
+        for name, run in engines.items():
+            started = time.perf_counter()
+            run(sources, settings[name]["beam"], settings[name]["len_penalty"])
+            times[name].append(time.perf_counter() - started)
+    medians = {name: round(statistics.median(t), 2) for name, t in times.items()}
+    log(f"seconds (median of {rounds}): {medians}")
+    return medians
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
