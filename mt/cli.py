@@ -16,7 +16,7 @@ import mt.prepare
 import mt.tune
 from mt import __version__
 from mt.errors import MtError
-from mt.options import DEVICE, TrainBench, TranslateBench, TranslateRequest
+from mt.options import DEVICE, SERVE, TrainBench, TranslateBench, TranslateRequest
 
 PREPARE = mt.prepare.Options()
 
@@ -199,6 +199,33 @@ def export(
     from mt.export import export as run
 
     typer.echo(f"wrote {run(checkpoint, to, out, quantization, force)}")
+
+
+@app.command()
+def serve(
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints (or CTranslate2 exports) to serve, each loaded once.")],
+    host: Annotated[str, typer.Option(help="Address to bind; the default answers this machine only.")] = SERVE.host,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = SERVE.port,
+    name: Annotated[list[str] | None, typer.Option(help="A model's name in the APIs, one per checkpoint [default: its languages, e.g. de-en].")] = None,
+    precision: Annotated[Literal["fp32", "bf16", "int8"], typer.Option(help="As for mt translate.")] = SERVE.precision,
+    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
+    api_key: Annotated[list[str] | None, typer.Option(help="Require this key on every translation request (repeatable).")] = None,
+    api_keys_file: Annotated[Path | None, typer.Option(help="Require one of the keys in this file, one per line.")] = None,
+    cors: Annotated[list[str] | None, typer.Option(help="Let pages from this origin call the API (repeatable).")] = None,
+    max_chars: Annotated[int, typer.Option(min=1, help="Characters per line (longer: 413).")] = SERVE.max_chars,
+    max_lines: Annotated[int, typer.Option(min=1, help="Lines per request (more: 413).")] = SERVE.max_lines,
+    max_waiting: Annotated[int, typer.Option(min=1, help="Requests queued per model (more: 503, Retry-After).")] = SERVE.max_waiting,
+    timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may wait and be translated (longer: 504).")] = SERVE.timeout,
+    batching: Annotated[bool, typer.Option(help="Translate concurrent requests together.")] = SERVE.batching,
+) -> None:
+    """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /."""
+    from mt.lines import read_text
+    from mt.options import ServeOptions
+    from mt.serve import run
+
+    keys = set(api_key or []) | ({k.strip() for k in read_text(api_keys_file) if k.strip()} if api_keys_file else set())
+    run(checkpoints, name or [], ServeOptions(host, port, precision, device, frozenset(keys), cors or [], max_chars,
+                                              max_lines, max_waiting, timeout, batching))
 
 
 @app.command()

@@ -1,11 +1,11 @@
 """The options of the commands that run a model, with their defaults, said once: `mt translate`'s request and the
-settings of `mt bench`. Plain dataclasses without torch, so the command line reads its defaults from here as it
+settings of `mt bench` and `mt serve`. Plain dataclasses without torch, so the command line reads its defaults from here as it
 starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEVICE = "auto"  # the GPU when one is visible, else the CPU (mt.device.pick_device)
@@ -68,3 +68,23 @@ class TrainBench:
     warmup: int = 3
     dropout: float = 0.1
     device: str = DEVICE
+
+
+@dataclass
+class ServeOptions:
+    """What `mt serve` is asked to do, besides which checkpoints."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    precision: str = "fp32"
+    device: str = DEVICE
+    api_keys: frozenset[str] = frozenset()  # empty: no key needed
+    cors: list[str] = field(default_factory=list)  # origins allowed to call from a browser; none by default
+    max_chars: int = 5000  # per line
+    max_lines: int = 256  # per request
+    max_waiting: int = 64  # requests queued per model
+    timeout: float = 60.0  # seconds a request may wait and be translated
+    batching: bool = True  # batch concurrent requests together (off: one request per model call)
+
+
+SERVE = ServeOptions()

@@ -1,0 +1,322 @@
+"""`mt serve`: checkpoints behind HTTP, on FastAPI and uvicorn.
+
+The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients work unchanged; mt's own
+(`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
+`GET /metrics` (Prometheus); the page at `/`. Concurrent requests are batched together by mt/batcher.py. Limits
+(characters per line, lines per request, queue room, a timeout per request) answer with a status and
+`{"error": ...}`, never by falling over. No endpoint reads a path a request names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from mt.attention import alignments as hard_alignments
+from mt.attention import pair_attention, pharaoh, select, to_pieces
+from mt.batcher import Batcher, QueueFull, Settings
+from mt.checkpoint import Loaded
+from mt.device import pick_device
+from mt.errors import MtError
+from mt.options import ServeOptions
+from mt.search import Hypothesis
+from mt.servemetrics import Metrics
+from mt.translate import Options, encode_lines, load_any, translate_lines
+
+LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "fr": "French"}
+
+
+@dataclass
+class Served:
+    """One model the server translates with."""
+
+    name: str
+    src: str
+    tgt: str
+    loaded: Loaded
+    batcher: Batcher
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> dict[str, Served]:
+    """Each checkpoint (or CTranslate2 export) loaded once, named by --name or its languages."""
+    if names and len(names) != len(paths):
+        raise MtError(f"--name was given {len(names)} times for {len(paths)} checkpoints: give one per checkpoint")
+    device = pick_device(options.device)
+    models: dict[str, Served] = {}
+    for i, path in enumerate(paths):
+        loaded = load_any(path, device, options.precision)
+        langs = loaded.state.get("langs") or (loaded.state.get("export") or {}).get("langs") or {}
+        src, tgt = langs.get("src") or "src", langs.get("tgt") or "tgt"
+        name = names[i] if names else f"{src}-{tgt}"
+        if name in models:
+            raise MtError(f"{path}: a second model named {name}; give each checkpoint a --name")
+        batcher = Batcher(translator(loaded, device, options.precision), options.max_waiting,
+                          loaded.config.decode.batch_tokens if options.batching else 0, name)
+        models[name] = Served(name, src, tgt, loaded, batcher)
+    return models
+
+
+def translator(loaded: Loaded, device: torch.device, precision: str):
+    """What a model's worker calls: lines and decoding settings in, hypotheses per line out (as mt translate)."""
+    def translate(lines: list[str], settings: Settings) -> list[list[Hypothesis]]:
+        beam, len_penalty, nbest = settings
+        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
+                                   precision=precision)
+        opts.beam = max(opts.beam, opts.nbest)
+        return translate_lines(loaded, lines, opts, device, warn=io.StringIO())  # cut lines: no stderr per request
+    return translate
+
+
+class NativeRequest(BaseModel):
+    model: str | None = None  # default: the only model, if one
+    text: list[str]
+    beam: int | None = Field(None, ge=1, le=64)
+    len_penalty: float | None = Field(None, ge=0.0, le=10.0)
+    nbest: int = Field(1, ge=1, le=16)
+    scores: bool = False
+    alignments: bool = False
+
+
+class AttentionRequest(BaseModel):
+    model: str | None = None
+    text: str
+
+
+def create_app(models: dict[str, Served], options: ServeOptions | None = None) -> FastAPI:
+    options = options or ServeOptions()
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        for served in models.values():  # uvicorn has stopped accepting and answered what was in flight
+            served.batcher.stop()
+
+    app = FastAPI(title="mt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.models, app.state.options, app.state.metrics = models, options, Metrics(models)
+    if options.cors:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=options.cors, allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
+    add_error_handlers(app)
+    add_routes(app)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        app.state.metrics.answered(request.url.path, response.status_code)
+        return response
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        return JSONResponse({"error": error.message}, error.status, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        problems = error.errors()
+        if any(p.get("type") == "json_invalid" for p in problems):
+            return JSONResponse({"error": "the body is not valid JSON"}, 400)
+        where = "; ".join(f"{'.'.join(str(x) for x in p['loc'][1:]) or 'body'}: {p['msg']}" for p in problems)
+        return JSONResponse({"error": where}, 422)
+
+
+def add_routes(app: FastAPI) -> None:
+    models, options, metrics = app.state.models, app.state.options, app.state.metrics
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return resources.files("mt").joinpath("static/serve.html").read_text(encoding="utf-8")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        alive = all(m.batcher.thread.is_alive() for m in models.values())
+        return JSONResponse({"ready": alive, "models": list(models)}, 200 if alive else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"models": [describe(m) for m in models.values()]}
+
+    @app.get("/languages")
+    async def languages():
+        sources = sorted({m.src for m in models.values()})
+        return [{"code": s, "name": LANGUAGE_NAMES.get(s, s),
+                 "targets": sorted(m.tgt for m in models.values() if m.src == s)} for s in sources]
+
+    @app.post("/v1/translate")
+    async def native(body: NativeRequest, request: Request):
+        check_key(options, header_key(request))
+        served = pick(models, body.model)
+        settings = (body.beam or served.loaded.config.decode.beam,
+                    body.len_penalty if body.len_penalty is not None else served.loaded.config.decode.len_penalty,
+                    body.nbest)
+        results = await translate(app, served, body.text, settings, "v1")
+        aligned = await asyncio.to_thread(align, served, body.text, results) if body.alignments else None
+        return {"model": served.name, "translations": [
+            render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
+            for i, hyps in enumerate(results)]}
+
+    @app.post("/v1/attention")
+    async def attention(body: AttentionRequest, request: Request):
+        check_key(options, header_key(request))
+        served = pick(models, body.model)
+        settings = (served.loaded.config.decode.beam, served.loaded.config.decode.len_penalty, 1)
+        results = await translate(app, served, [body.text], settings, "attention")
+        return await asyncio.to_thread(attention_map, served, body.text, results[0])
+
+    @app.post("/translate")
+    async def libretranslate(request: Request):
+        from mt.libretranslate import parse, respond
+
+        query = await parse(request)
+        check_key(options, query.api_key or header_key(request))
+        served = pick_by_languages(models, query.source, query.target)
+        decode = served.loaded.config.decode
+        results = await translate(app, served, query.lines, (decode.beam, decode.len_penalty, 1), "translate")
+        return respond(query, served, [render(served, hyps, 1, False)["text"] for hyps in results])
+
+
+async def translate(app: FastAPI, served: Served, lines: list[str], settings: Settings, endpoint: str
+                    ) -> list[list[Hypothesis]]:
+    """Queue `lines` for `served`'s worker, within the limits; the hypotheses of each line."""
+    options, metrics = app.state.options, app.state.metrics
+    check_limits(lines, options)
+    started = time.perf_counter()
+    try:
+        results = await asyncio.wait_for(served.batcher.submit(lines, settings), options.timeout)
+    except QueueFull:
+        raise ApiError(503, f"model {served.name} is busy: its queue is full; retry shortly",
+                       {"Retry-After": "1"}) from None
+    except TimeoutError:
+        raise ApiError(504, f"not translated within {options.timeout:g} s (--timeout); retry, or send fewer "
+                            f"lines") from None
+    metrics.served(endpoint, served, lines, results, time.perf_counter() - started)
+    return results
+
+
+def check_limits(lines: list[str], options: ServeOptions) -> None:
+    if len(lines) > options.max_lines:
+        raise ApiError(413, f"{len(lines)} lines in one request; the limit is {options.max_lines} (--max-lines): "
+                            f"send them in several requests")
+    for i, line in enumerate(lines, 1):
+        if len(line) > options.max_chars:
+            raise ApiError(413, f"line {i} has {len(line)} characters; the limit is {options.max_chars} "
+                                f"(--max-chars): split it")
+
+
+def header_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+
+
+def check_key(options: ServeOptions, key: str | None) -> None:
+    if not options.api_keys:
+        return
+    if not key:
+        raise ApiError(401, "an API key is needed: send `Authorization: Bearer KEY` (or `api_key` in the body)")
+    if key not in options.api_keys:
+        raise ApiError(403, "this API key is not accepted")
+
+
+def pick(models: dict[str, Served], name: str | None) -> Served:
+    if name is None and len(models) == 1:
+        return next(iter(models.values()))
+    if name not in models:
+        raise ApiError(404 if name else 400, f"{'no model ' + repr(name) if name else 'give a model'}; the models "
+                                             f"are {', '.join(models)}")
+    return models[name]
+
+
+def pick_by_languages(models: dict[str, Served], source: str, target: str) -> Served:
+    """LibreTranslate's choice: the model for `source` → `target`; `auto`: the one model into `target`."""
+    fits = [m for m in models.values() if m.tgt == target and source in ("auto", m.src)]
+    if len(fits) == 1:
+        return fits[0]
+    pairs = ", ".join(f"{m.src}→{m.tgt}" for m in models.values())
+    if not fits:
+        raise ApiError(400, f"no model translates {source}→{target}; the models translate {pairs}")
+    raise ApiError(400, f"source auto is ambiguous: {len(fits)} models translate into {target}; give source "
+                        f"({', '.join(m.src for m in fits)})")
+
+
+def describe(served: Served) -> dict:
+    decode = served.loaded.config.decode
+    return {"name": served.name, "source": served.src, "target": served.tgt, "beam": decode.beam,
+            "len_penalty": decode.len_penalty}
+
+
+def render(served: Served, hyps: list[Hypothesis], nbest: int, scores: bool, alignment: str | None = None
+           ) -> dict:
+    """One line's result: its text, and, when asked, its score, n best and alignment."""
+    texts = served.loaded.tgt_tok.decode([h.tokens for h in hyps]) if hyps else [""]
+    out: dict = {"text": texts[0]}
+    if scores:
+        out["score"] = hyps[0].score if hyps else 0.0
+    if nbest > 1:
+        out["nbest"] = [{"text": t, "score": h.score} for t, h in zip(texts, hyps, strict=True)] if hyps else []
+    if alignment is not None:
+        out["alignment"] = alignment
+    return out
+
+
+def align(served: Served, lines: list[str], results: list[list[Hypothesis]]) -> list[str]:
+    """Each line's Pharaoh alignment of its best translation, as `mt translate --alignments` writes it."""
+    loaded = served.loaded
+    if not isinstance(loaded.model, torch.nn.Module):
+        raise ApiError(400, "alignments need mt's own model, not a CTranslate2 export")
+    srcs = encode_lines(loaded, lines, warn=io.StringIO())
+    todo = [i for i, hyps in enumerate(results) if hyps]
+    weights = pair_attention(loaded.model, [srcs[i] for i in todo], [results[i][0].tokens for i in todo])
+    aligned = [""] * len(lines)
+    for i, attn in zip(todo, weights, strict=True):
+        aligned[i] = pharaoh(hard_alignments(attn))
+    return aligned
+
+
+def attention_map(served: Served, line: str, hyps: list[Hypothesis]) -> dict:
+    """The page's heatmap: source and target pieces (each with EOS) and the mean cross-attention, a row per
+    target piece."""
+    loaded = served.loaded
+    if not isinstance(loaded.model, torch.nn.Module):
+        raise ApiError(400, "attention needs mt's own model, not a CTranslate2 export")
+    src = encode_lines(loaded, [line], warn=io.StringIO())[0]
+    text = render(served, hyps, 1, False)["text"]
+    if src is None or not hyps:
+        return {"text": text, "source": [], "target": [], "weights": []}
+    weights = select(pair_attention(loaded.model, [src], [hyps[0].tokens])[0])
+    return {"text": text, "source": to_pieces(loaded.src_tok.sp, src), "target": to_pieces(loaded.tgt_tok.sp,
+            hyps[0].tokens), "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
+
+
+def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
+    """Load the models, then serve until SIGTERM or Ctrl-C (uvicorn answers what is in flight, then exits)."""
+    import uvicorn
+
+    app = create_app(load_models(paths, names, options), options)
+    uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30)
