@@ -8,7 +8,7 @@ export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 DATA   := data/prepared/multi30k_de_en
 RUN    := runs/demo
 
-.PHONY: install test demo recipe bench bench-compare gpu-check lint clean
+.PHONY: install test browser-test demo recipe bench bench-compare gpu-check lint clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,13 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The page of mt serve in headless Chromium (Debian's chromium and chromium-driver; make test skips it without them).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser-test: install
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
+	$(BIN)/python -m pytest -q tests/test_serve_page.py
 
 lint: install
 	$(BIN)/ruff check mt tests
