@@ -1,0 +1,177 @@
+"""`mt serve` under load: one-line requests at several concurrencies, beside offline translation.
+
+For each server (mt serve; mt serve --no-batching; with --ct2 DIR, a FastAPI server that calls CTranslate2 once
+per request, as users write today), and each concurrency, the first `--sentences` lines of test2016 are sent
+as one-line requests by `concurrency` clients: sentences/s, latency p50/p95/p99, whether every answer equals the
+offline translation, and the load generator's own CPU use (it shares the machine). Offline: the same sentences
+and settings through `translate_lines` in this process, the model loaded; and one sentence at a time, for the
+latency of a lone request. Loopback only; bounded in requests.
+
+    python benchmarks/serve_load.py CHECKPOINT [--ct2 EXPORT_DIR] [--sentences 500] [--concurrency 1,8,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from mt.checkpoint import load_model
+from mt.translate import Options, translate_lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--ct2", type=Path, help="an `mt export --to ctranslate2` directory of the checkpoint")
+    parser.add_argument("--mirror", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--ct2-server", type=Path, help=argparse.SUPPRESS)  # run the per-request CTranslate2 server
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ct2_server:
+        return ct2_server(args.ct2_server, args.port)
+    loaded = load_model(args.checkpoint)
+    src = loaded.state["langs"]["src"]
+    with gzip.open(args.mirror / "multi30k" / f"test_2016_flickr.{src}.gz", "rt", encoding="utf-8") as f:
+        sentences = f.read().splitlines()[:args.sentences]
+    report = {"sentences": len(sentences), "offline": offline(loaded, sentences)}
+    expected = report["offline"].pop("texts")
+    servers = {"mt serve": ["-m", "mt", "serve", str(args.checkpoint)],
+               "mt serve --no-batching": ["-m", "mt", "serve", str(args.checkpoint), "--no-batching"]}
+    if args.ct2:
+        servers["CTranslate2, one call per request"] = [__file__, str(args.checkpoint), "--ct2-server", str(args.ct2)]
+    for name, command in servers.items():
+        report[name] = {}
+        for concurrency in map(int, args.concurrency.split(",")):
+            report[name][concurrency] = under_load(command, sentences, expected, concurrency)
+            print(f"{name}, concurrency {concurrency}: {report[name][concurrency]}", file=sys.stderr, flush=True)
+    json.dump(report, sys.stdout, indent=2)
+    print()
+
+
+def offline(loaded, sentences: list[str]) -> dict:
+    """The same sentences translated in this process: all at once (batched), and one at a time."""
+    opts = Options.from_config(loaded.config.decode)
+    device = torch.device("cpu")
+    translate_lines(loaded, sentences[:32], opts, device)  # warm-up: the first calls set up kernels
+    started = time.perf_counter()
+    texts = [loaded.tgt_tok.decode([h[0].tokens])[0] if h else "" for h in translate_lines(loaded, sentences, opts,
+                                                                                            device)]
+    batched = time.perf_counter() - started
+    alone = []
+    for sentence in sentences[:100]:
+        started = time.perf_counter()
+        translate_lines(loaded, [sentence], opts, device)
+        alone.append(time.perf_counter() - started)
+    return {"sentences_per_s": round(len(sentences) / batched, 1),
+            "one_sentence_p50_ms": round(1000 * statistics.median(alone), 1), "texts": texts}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_load(command: list[str], sentences: list[str], expected: list[str], concurrency: int) -> dict:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, *command, "--port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, server)
+        asyncio.run(send_all(url, sentences[:16], 4))  # warm-up, as offline
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.perf_counter()
+        latencies, texts = asyncio.run(send_all(url, sentences, concurrency))
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        server.terminate()
+        server.wait(60)
+    cpu_seconds = (after.ru_utime - cpu.ru_utime) + (after.ru_stime - cpu.ru_stime)
+    ms = sorted(1000 * t for t in latencies)
+    return {"sentences_per_s": round(len(sentences) / wall, 1), "p50_ms": round(percentile(ms, 50), 1),
+            "p95_ms": round(percentile(ms, 95), 1), "p99_ms": round(percentile(ms, 99), 1),
+            "answered": sum(t is not None for t in texts), "correct": sum(a == b for a, b in zip(texts, expected,
+                                                                                                  strict=True)),
+            "load_generator_cpu_share": round(cpu_seconds / wall, 2)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def wait_ready(url: str, server: subprocess.Popen) -> None:
+    for _ in range(600):
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited with {server.returncode}")
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("the server never became ready")
+
+
+async def send_all(url: str, sentences: list[str], concurrency: int) -> tuple[list[float], list[str | None]]:
+    """Each sentence as its own request, `concurrency` in flight at a time; latency and text of each."""
+    latencies: list[float] = [0.0] * len(sentences)
+    texts: list[str | None] = [None] * len(sentences)
+    todo = iter(range(len(sentences)))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def worker():
+            for i in todo:
+                started = time.perf_counter()
+                answer = await client.post("/v1/translate", json={"text": [sentences[i]]})
+                latencies[i] = time.perf_counter() - started
+                if answer.status_code == 200:
+                    texts[i] = answer.json()["translations"][0]["text"]
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, texts
+
+
+def ct2_server(directory: Path, port: int) -> None:
+    """What users write today: FastAPI calling CTranslate2's translate_batch once per request."""
+    import ctranslate2
+    import sentencepiece
+    import uvicorn
+    from fastapi import FastAPI
+
+    manifest = json.loads((directory / "mt_export.json").read_text())
+    decode = manifest["config"]["decode"]
+    translator = ctranslate2.Translator(str(directory), intra_threads=torch.get_num_threads())
+    src = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.spm"))
+    tgt = sentencepiece.SentencePieceProcessor(model_file=str(directory / "target.spm"))
+    app = FastAPI()
+
+    @app.get("/ready")
+    def ready():
+        return {"ready": True}
+
+    @app.post("/v1/translate")
+    def translate(body: dict):
+        pieces = [src.encode(line, out_type=str) for line in body["text"]]
+        results = translator.translate_batch(pieces, beam_size=decode["beam"])
+        return {"translations": [{"text": tgt.decode(r.hypotheses[0])} for r in results]}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
