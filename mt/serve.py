@@ -176,7 +176,7 @@ def add_routes(app: FastAPI) -> None:
         settings = (body.beam or served.loaded.config.decode.beam,
                     body.len_penalty if body.len_penalty is not None else served.loaded.config.decode.len_penalty,
                     body.nbest)
-        results = await translate(app, served, body.text, settings, "v1")
+        results = await translate(app, request, served, body.text, settings, "v1")
         aligned = await asyncio.to_thread(align, served, body.text, results) if body.alignments else None
         return {"model": served.name, "translations": [
             render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
@@ -187,7 +187,7 @@ def add_routes(app: FastAPI) -> None:
         check_key(options, header_key(request))
         served = pick(models, body.model)
         settings = (served.loaded.config.decode.beam, served.loaded.config.decode.len_penalty, 1)
-        results = await translate(app, served, [body.text], settings, "attention")
+        results = await translate(app, request, served, [body.text], settings, "attention")
         return await asyncio.to_thread(attention_map, served, body.text, results[0])
 
     @app.post("/translate")
@@ -198,26 +198,42 @@ def add_routes(app: FastAPI) -> None:
         check_key(options, query.api_key or header_key(request))
         served = pick_by_languages(models, query.source, query.target)
         decode = served.loaded.config.decode
-        results = await translate(app, served, query.lines, (decode.beam, decode.len_penalty, 1), "translate")
+        results = await translate(app, request, served, query.lines, (decode.beam, decode.len_penalty, 1),
+                                  "translate")
         return respond(query, served, [render(served, hyps, 1, False)["text"] for hyps in results])
 
 
-async def translate(app: FastAPI, served: Served, lines: list[str], settings: Settings, endpoint: str
-                    ) -> list[list[Hypothesis]]:
-    """Queue `lines` for `served`'s worker, within the limits; the hypotheses of each line."""
+async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
+                    endpoint: str) -> list[list[Hypothesis]]:
+    """Queue `lines` for `served`'s worker, within the limits; the hypotheses of each line. A request that times
+    out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
     options, metrics = app.state.options, app.state.metrics
     check_limits(lines, options)
     started = time.perf_counter()
+    submitted = asyncio.ensure_future(served.batcher.submit(lines, settings))
+    gone = asyncio.ensure_future(disconnected(request))
     try:
-        results = await asyncio.wait_for(served.batcher.submit(lines, settings), options.timeout)
+        await asyncio.wait({submitted, gone}, timeout=options.timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not submitted.done():
+        submitted.cancel()
+        if gone.done() and not gone.cancelled():
+            raise ApiError(499, "the client closed the connection")  # nobody reads this; the log does
+        raise ApiError(504, f"not translated within {options.timeout:g} s (--timeout); retry, or send fewer lines")
+    try:
+        results = submitted.result()
     except QueueFull:
         raise ApiError(503, f"model {served.name} is busy: its queue is full; retry shortly",
                        {"Retry-After": "1"}) from None
-    except TimeoutError:
-        raise ApiError(504, f"not translated within {options.timeout:g} s (--timeout); retry, or send fewer "
-                            f"lines") from None
     metrics.served(endpoint, served, lines, results, time.perf_counter() - started)
     return results
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.1)
 
 
 def check_limits(lines: list[str], options: ServeOptions) -> None:

@@ -270,3 +270,38 @@ def test_a_real_server_answers_a_libretranslate_client_and_stops_cleanly_on_sigt
                                                                                       "--beam", "8")
     finally:
         process.kill()
+
+
+class Client:
+    """What `translate` asks of a request: whether its client has gone."""
+
+    def __init__(self, gone: bool):
+        self.gone = gone
+
+    async def is_disconnected(self) -> bool:
+        return self.gone
+
+
+def test_a_request_whose_client_went_away_is_dropped_before_the_model_sees_it(checkpoint):
+    from mt.serve import ApiError, translate
+
+    app = serve_app(checkpoint)
+    served = app.state.models["de-en"]
+    inside, release = held(served.batcher)
+    seen, held_translate = [], served.batcher.translate
+    served.batcher.translate = lambda lines, settings: seen.append(list(lines)) or held_translate(lines, settings)
+    settings = (4, 0.6, 1)
+
+    async def go():
+        first = asyncio.create_task(translate(app, Client(False), served, ["der hund"], settings, "v1"))
+        await until(inside.is_set, "the worker to start")
+        gone = asyncio.create_task(translate(app, Client(True), served, ["die katze"], settings, "v1"))
+        kept = asyncio.create_task(translate(app, Client(False), served, ["das haus"], settings, "v1"))
+        with pytest.raises(ApiError) as refused:
+            await gone
+        release.set()
+        return refused.value.status, await first, await kept
+
+    status, first, kept = run(go())
+    assert status == 499 and first and kept
+    assert seen == [["der hund"], ["das haus"]]  # the model never saw the line of the client that went away
