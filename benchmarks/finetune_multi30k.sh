@@ -3,7 +3,7 @@
 # training pairs, then fine-tuned on the other half, against (a) training from scratch on that half, (b) going on
 # with the first half, (c) one run on all of it for the same total budget; then a small learning-rate / warmup sweep
 # for the fine-tune. Budgets are in steps (BASE_STEPS for the first model, TUNE_STEPS for each follow-up: about 20
-# and 10 minutes of this recipe on 2 CPU cores), so a busy machine slows the runs without changing their outcome.
+# and 9 minutes of this recipe on 2 CPU cores), so a busy machine slows the runs without changing their outcome.
 #
 #   bash benchmarks/finetune_multi30k.sh [STAGE ...]     stages: data base tune scratch continue all sweep score
 #
@@ -13,7 +13,7 @@ set -euo pipefail
 MIRROR=${MT_MIRROR:-$(cd "$(dirname "$0")/../.." && pwd)/shared/data}/multi30k
 WORK=${WORK:-runs/finetune}
 BASE_STEPS=${BASE_STEPS:-3000}
-TUNE_STEPS=${TUNE_STEPS:-1500}
+TUNE_STEPS=${TUNE_STEPS:-2000}
 MT=${MT:-.venv/bin/mt}
 TRAIN=${TRAIN:-"env OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node 2 -m mt train"}
 CONFIG=configs/multi30k_de_en.yaml
