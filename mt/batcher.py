@@ -5,6 +5,10 @@ other waiting request with the same decoding settings, up to a token budget, and
 one call (mt/translate.py sorts them by length and batches them); each request then gets its own lines back, in
 order. An idle worker starts on a lone request at once: there is no waiting window. A request whose caller gave up
 (timed out, disconnected) before the worker reached it is dropped unread.
+
+All of a model's PyTorch work runs on its worker thread, loading included: a second thread running parallel
+PyTorch ops starts a second OpenMP thread team, and the two teams fight over the cores (single-sentence
+translation ran 2.5x slower on 2 cores when the model was loaded on one thread and run on another).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mt.search import Hypothesis
 
@@ -28,9 +33,10 @@ class QueueFull(Exception):
 @dataclass
 class Pending:
     lines: list[str]
-    settings: Settings
+    settings: Settings | None  # None: `call` is a job of its own (alignments, attention), run alone
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    call: Callable[[], Any] | None = None
     tokens: int = field(init=False)
 
     def __post_init__(self):
@@ -51,19 +57,37 @@ class Stats:
 
 
 class Batcher:
-    def __init__(self, translate: Translate, max_waiting: int = 64, batch_tokens: int = 4096, name: str = "model"):
-        self.translate, self.max_waiting, self.batch_tokens = translate, max_waiting, batch_tokens
+    """`setup` runs on the worker thread and returns the function that translates (see the module's docstring);
+    its error, if any, is raised here."""
+
+    def __init__(self, setup: Callable[[], Translate], max_waiting: int = 64, batch_tokens: int = 4096,
+                 name: str = "model"):
+        self.max_waiting, self.batch_tokens = max_waiting, batch_tokens
         self.waiting: deque[Pending] = deque()
         self.ready = threading.Condition()
         self.stats = Stats()
         self.stopping = False
-        self.thread = threading.Thread(target=self.work, name=f"mt-serve-{name}", daemon=True)
+        self.started, self.setup_error = threading.Event(), None
+        self.thread = threading.Thread(target=self.work, args=(setup,), name=f"mt-serve-{name}", daemon=True)
         self.thread.start()
+        self.started.wait()
+        if self.setup_error is not None:
+            raise self.setup_error
 
     async def submit(self, lines: list[str], settings: Settings) -> list[list[Hypothesis]]:
         """The hypotheses of each line, once the worker has translated them; raises QueueFull at once when full."""
+        return await self.queue(Pending(lines, settings, *self.future()))
+
+    async def run_alone(self, call: Callable[[], Any]) -> Any:
+        """`call()` on the worker thread, between batches (work that uses the model beside translating)."""
+        return await self.queue(Pending([], None, *self.future(), call=call))
+
+    @staticmethod
+    def future() -> tuple[asyncio.Future, asyncio.AbstractEventLoop]:
         loop = asyncio.get_running_loop()
-        pending = Pending(lines, settings, loop.create_future(), loop)
+        return loop.create_future(), loop
+
+    async def queue(self, pending: Pending) -> Any:
         with self.ready:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"{len(self.waiting)} requests are waiting")
@@ -82,7 +106,14 @@ class Batcher:
             self.ready.notify()
         self.thread.join()
 
-    def work(self) -> None:
+    def work(self, setup: Callable[[], Translate]) -> None:
+        try:
+            self.translate = setup()
+        except Exception as error:
+            self.setup_error = error
+            return
+        finally:
+            self.started.set()
         while True:
             with self.ready:
                 while not self.waiting and not self.stopping:
@@ -100,6 +131,9 @@ class Batcher:
         self.waiting.clear()
         if not live:
             return []
+        if live[0].call is not None:
+            self.waiting.extend(live[1:])
+            return live[:1]
         settings, group, tokens = live[0].settings, [], 0
         for pending in live:
             if pending.settings == settings and (not group or tokens + pending.tokens <= self.batch_tokens):
@@ -112,6 +146,8 @@ class Batcher:
     def run(self, group: list[Pending]) -> None:
         lines = [line for pending in group for line in pending.lines]
         try:
+            if group[0].call is not None:
+                return group[0].loop.call_soon_threadsafe(set_result, group[0].future, group[0].call())
             results = self.translate(lines, group[0].settings)
         except Exception as error:  # the callers get the error; the worker lives on for the next requests
             for pending in group:

@@ -61,14 +61,20 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
     device = pick_device(options.device)
     models: dict[str, Served] = {}
     for i, path in enumerate(paths):
-        loaded = load_any(path, device, options.precision)
+        holder: dict[str, Loaded] = {}
+
+        def setup(path=path, holder=holder):  # on the worker thread: see mt/batcher.py
+            holder["loaded"] = load_any(path, device, options.precision)
+            return translator(holder["loaded"], device, options.precision)
+        batcher = Batcher(setup, options.max_waiting, name=path.name)
+        loaded = holder["loaded"]
+        batcher.batch_tokens = loaded.config.decode.batch_tokens if options.batching else 0  # 0: a request a call
         langs = loaded.state.get("langs") or (loaded.state.get("export") or {}).get("langs") or {}
         src, tgt = langs.get("src") or "src", langs.get("tgt") or "tgt"
         name = names[i] if names else f"{src}-{tgt}"
         if name in models:
+            batcher.stop()
             raise MtError(f"{path}: a second model named {name}; give each checkpoint a --name")
-        batcher = Batcher(translator(loaded, device, options.precision), options.max_waiting,
-                          loaded.config.decode.batch_tokens if options.batching else 0, name)
         models[name] = Served(name, src, tgt, loaded, batcher)
     return models
 
@@ -177,7 +183,8 @@ def add_routes(app: FastAPI) -> None:
                     body.len_penalty if body.len_penalty is not None else served.loaded.config.decode.len_penalty,
                     body.nbest)
         results = await translate(app, request, served, body.text, settings, "v1")
-        aligned = await asyncio.to_thread(align, served, body.text, results) if body.alignments else None
+        aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
+            else None
         return {"model": served.name, "translations": [
             render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
             for i, hyps in enumerate(results)]}
@@ -188,7 +195,7 @@ def add_routes(app: FastAPI) -> None:
         served = pick(models, body.model)
         settings = (served.loaded.config.decode.beam, served.loaded.config.decode.len_penalty, 1)
         results = await translate(app, request, served, [body.text], settings, "attention")
-        return await asyncio.to_thread(attention_map, served, body.text, results[0])
+        return await served.batcher.run_alone(lambda: attention_map(served, body.text, results[0]))
 
     @app.post("/translate")
     async def libretranslate(request: Request):
