@@ -201,6 +201,9 @@ def _fsync_dir(directory: Path) -> None:
 
 def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if (path / "mt_export.json").is_file():
+        raise MtError(f"{path}: a model written by `mt export`, not a checkpoint; its mt_export.json names the "
+                      f"checkpoint it came from")
     if not path.is_file():
         raise MtError(f"{path}: checkpoint not found")
     try:

@@ -220,3 +220,6 @@ def test_what_an_export_cannot_do_is_refused(trained, tmp_path):
                                  input="x\n"), "need mt's own model")
     assert_refused(runner.invoke(app, ["translate", "-c", str(out), "--precision", "int8"], input="x\n"),
                    "exported with (float32)", "--quantization")
+    assert_refused(runner.invoke(app, ["info", str(out)]), "a model written by `mt export`, not a checkpoint")
+    assert_refused(runner.invoke(app, ["export", str(out), "--to", "huggingface", "--out", str(tmp_path / "hf")]),
+                   "mt_export.json names the checkpoint")
