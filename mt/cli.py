@@ -15,8 +15,9 @@ from typer.core import TyperGroup
 import mt.prepare
 import mt.tune
 from mt import __version__
+from mt.cli_bench import bench_app
 from mt.errors import MtError
-from mt.options import DEVICE, SERVE, TrainBench, TranslateBench, TranslateRequest
+from mt.options import DEVICE, SERVE, TranslateRequest
 
 PREPARE = mt.prepare.Options()
 
@@ -43,6 +44,7 @@ class Commands(TyperGroup):
 # rich_markup_mode=None: plain help text. Rich markup would swallow every "[default: ...]" we write by hand.
 app = typer.Typer(cls=Commands, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Train and use Transformer machine-translation models.")
+app.add_typer(bench_app, name="bench")
 
 
 def version_callback(value: bool) -> None:
@@ -219,13 +221,11 @@ def serve(
     batching: Annotated[bool, typer.Option(help="Translate concurrent requests together.")] = SERVE.batching,
 ) -> None:
     """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /."""
-    from mt.lines import read_text
     from mt.options import ServeOptions
-    from mt.serve import run
+    from mt.serve import api_keys, run
 
-    keys = set(api_key or []) | ({k.strip() for k in read_text(api_keys_file) if k.strip()} if api_keys_file else set())
-    run(checkpoints, name or [], ServeOptions(host, port, precision, device, frozenset(keys), cors or [], max_chars,
-                                              max_lines, max_waiting, timeout, batching))
+    run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
+                                              cors or [], max_chars, max_lines, max_waiting, timeout, batching))
 
 
 @app.command()
@@ -295,72 +295,3 @@ def score(
 
     for value in score_files(checkpoint, src, tgt, batch_tokens, device, progress=not quiet):
         typer.echo(f"{value:.4f}")
-
-
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: throughput measured the same way on any machine.")
-app.add_typer(bench_app, name="bench")
-
-
-@bench_app.command("translate")
-def bench_translate(
-    preset: Annotated[Literal["small", "base"], typer.Option(help="Random-weight model: small (256d, 3+3) or base (512d, 6+6).")] = TranslateBench.preset,
-    checkpoint: Annotated[Path | None, typer.Option(help="Benchmark a trained checkpoint instead (with --input).")] = None,
-    input: Annotated[Path | None, typer.Option(help="Real sentences for --checkpoint (their real lengths are used).")] = None,
-    beam: Annotated[int, typer.Option(min=1, help="Beam size; 1 is greedy.")] = TranslateBench.beam,
-    batch: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = TranslateBench.batch,
-    sentences: Annotated[int, typer.Option(min=0, help="Sentences per timed run [default: max(batch, 16)].")] = TranslateBench.sentences,
-    src_len: Annotated[int, typer.Option(min=1, help="Source tokens per sentence (presets).")] = TranslateBench.src_len,
-    tgt_len: Annotated[int, typer.Option(min=1, help="Output tokens per sentence, forced (presets).")] = TranslateBench.tgt_len,
-    precision: Annotated[Literal["fp32", "bf16", "int8"], typer.Option(help="fp32, bf16 (autocast) or int8 (dynamic quantization, CPU).")] = TranslateBench.precision,
-    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TranslateBench.device,
-    threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TranslateBench.threads,
-    runs: Annotated[int, typer.Option(min=1, help="Timed runs; the median is reported.")] = TranslateBench.runs,
-    grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting.")] = False,
-    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
-    json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
-) -> None:
-    """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
-    import json
-
-    from mt.bench import bench_translate, run_grid, summary
-
-    if grid:
-        return run_grid("translate", threads, None, readme, json_, echo)
-    result = bench_translate(TranslateBench(
-        preset=preset, checkpoint=str(checkpoint) if checkpoint else None, input=str(input) if input else None,
-        beam=beam, batch=batch, sentences=sentences, src_len=src_len, tgt_len=tgt_len, precision=precision,
-        threads=threads, runs=runs, device=device))
-    typer.echo(json.dumps(result) if json_ else summary(result))
-
-
-@bench_app.command("train")
-def bench_train(
-    preset: Annotated[Literal["small", "base"], typer.Option(help="Architecture: small (256d, 3+3) or base (512d, 6+6).")] = TrainBench.preset,
-    data: Annotated[Path | None, typer.Option(help="Prepared data dir: real length-grouped batches of --max-tokens.")] = None,
-    batch: Annotated[int, typer.Option(min=1, help="Fixed-shape batches: sentences per batch.")] = TrainBench.batch,
-    src_len: Annotated[int, typer.Option(min=1, help="Fixed-shape batches: source tokens per sentence.")] = TrainBench.src_len,
-    tgt_len: Annotated[int, typer.Option(min=1, help="Fixed-shape batches: target tokens per sentence.")] = TrainBench.tgt_len,
-    max_tokens: Annotated[int, typer.Option(min=1, help="With --data: token budget per batch.")] = TrainBench.max_tokens,
-    precision: Annotated[Literal["fp32", "bf16"], typer.Option(help="fp32 or bf16 (autocast).")] = TrainBench.precision,
-    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TrainBench.device,
-    threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TrainBench.threads,
-    steps: Annotated[int, typer.Option(min=1, help="Timed training steps (after 3 warm-up steps).")] = TrainBench.steps,
-    grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting (--data adds a real-batch row).")] = False,
-    readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
-    json_: Annotated[bool, typer.Option("--json", help="One JSON object (per setting).")] = False,
-) -> None:
-    """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
-    import json
-
-    from mt.bench import bench_train, run_grid, summary
-
-    if grid:
-        return run_grid("train", threads, str(data) if data else None, readme, json_, echo)
-    result = bench_train(TrainBench(
-        preset=preset, data=str(data) if data else None, batch=batch, src_len=src_len, tgt_len=tgt_len,
-        max_tokens=max_tokens, precision=precision, threads=threads, steps=steps, device=device))
-    typer.echo(json.dumps(result) if json_ else summary(result))
-
-
-def echo(line: str, err: bool) -> None:
-    typer.echo(line, err=err)

@@ -13,6 +13,14 @@ class MtError(Exception):
     exit_code = 2
 
 
+class ApiError(Exception):
+    """What `mt serve` answers a request with instead of a translation: an HTTP status and a one-line message."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
 WRITE_FAILURES = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is exceeded",

@@ -7,6 +7,7 @@ mt/to_huggingface.py, need the `export` extra (`pip install 'mt[export]'`).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -53,19 +54,11 @@ def export(source: str | Path, to: str, out: str | Path, quantization: str = "fl
 
 
 def target_module(to: str):
-    """The module that writes `to`, or a clear error when its package is not installed."""
+    """The module that writes `to` (mt/to_{to}.py), or a clear error when its package is not installed."""
     try:
-        if to == "ctranslate2":
-            from mt import to_ctranslate2
-
-            return to_ctranslate2
-        if to == "huggingface":
-            from mt import to_huggingface
-
-            return to_huggingface
+        return importlib.import_module(f"mt.to_{to}")
     except ImportError as e:
         raise MtError(f"--to {to} needs the {e.name} package: pip install 'mt[export]'") from None
-    raise AssertionError(to)
 
 
 def replace_dir(new: Path, out: Path) -> None:

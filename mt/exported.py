@@ -36,7 +36,7 @@ class CTranslate2Model:
         self.cfg = cfg
         self.translator = ctranslate2.Translator(str(directory), device=device.type,
                                                  intra_threads=torch.get_num_threads())
-        self.src_pieces = [src_tok.sp.id_to_piece(i) for i in range(src_tok.vocab_size)]
+        self.src_pieces = src_tok.pieces()
         self.tgt_ids = tgt_tok.sp.piece_to_id
 
     def search(self, srcs: list[list[int]], beam: int, len_penalty: float, max_len_a: float, max_len_b: int,

@@ -76,10 +76,9 @@ def difference(model: Tokenizer, data: Tokenizer) -> str:
     """How two vocabularies differ, in a few words."""
     if model.vocab_size != data.vocab_size:
         return f"{data.vocab_size:,} pieces, the model's {model.vocab_size:,}"
-    for i in range(model.vocab_size):
-        if model.sp.id_to_piece(i) != data.sp.id_to_piece(i):
-            return (f"id {i} is {data.sp.id_to_piece(i)!r} in the data, {model.sp.id_to_piece(i)!r} in the model's; "
-                    f"{model.vocab_size:,} pieces each")
+    for i, (in_model, in_data) in enumerate(zip(model.pieces(), data.pieces(), strict=True)):
+        if in_model != in_data:
+            return f"id {i} is {in_data!r} in the data, {in_model!r} in the model's; {model.vocab_size:,} pieces each"
     return "the same pieces with other scores, which segment text differently"
 
 

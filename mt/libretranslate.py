@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from mt.serve import ApiError, Served
+from mt.errors import ApiError
 
 
 @dataclass
@@ -44,9 +44,9 @@ async def parse(request: Request) -> Query:
     return Query([q] if single else q, single, body["source"], body["target"], key if isinstance(key, str) else None)
 
 
-def respond(query: Query, served: Served, texts: list[str]) -> dict:
+def respond(query: Query, src: str, texts: list[str]) -> dict:
     out: dict = {"translatedText": texts[0] if query.single else texts}
     if query.source == "auto":  # as LibreTranslate reports a detection; here, the model's source language
-        detected = {"confidence": 100.0, "language": served.src}
+        detected = {"confidence": 100.0, "language": src}
         out["detectedLanguage"] = detected if query.single else [detected] * len(texts)
     return out

@@ -28,7 +28,9 @@ from mt.attention import pair_attention, pharaoh, select, to_pieces
 from mt.batcher import Batcher, QueueFull, Settings
 from mt.checkpoint import Loaded
 from mt.device import pick_device
-from mt.errors import MtError
+from mt.errors import ApiError, MtError
+from mt.libretranslate import parse, respond
+from mt.lines import read_text
 from mt.options import ServeOptions
 from mt.search import Hypothesis
 from mt.servemetrics import Metrics
@@ -46,12 +48,6 @@ class Served:
     tgt: str
     loaded: Loaded
     batcher: Batcher
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
 
 
 def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> dict[str, Served]:
@@ -121,7 +117,8 @@ def create_app(models: dict[str, Served], options: ServeOptions | None = None) -
         app.add_middleware(CORSMiddleware, allow_origins=options.cors, allow_methods=["GET", "POST"],
                            allow_headers=["*"])
     add_error_handlers(app)
-    add_routes(app)
+    add_info_routes(app)
+    add_translation_routes(app)
 
     @app.middleware("http")
     async def count(request: Request, call_next):
@@ -145,8 +142,8 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": where}, 422)
 
 
-def add_routes(app: FastAPI) -> None:
-    models, options, metrics = app.state.models, app.state.options, app.state.metrics
+def add_info_routes(app: FastAPI) -> None:
+    models, metrics = app.state.models, app.state.metrics
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -175,14 +172,16 @@ def add_routes(app: FastAPI) -> None:
         return [{"code": s, "name": LANGUAGE_NAMES.get(s, s),
                  "targets": sorted(m.tgt for m in models.values() if m.src == s)} for s in sources]
 
+
+def add_translation_routes(app: FastAPI) -> None:
+    models, options = app.state.models, app.state.options
+
     @app.post("/v1/translate")
     async def native(body: NativeRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
-        settings = (body.beam or served.loaded.config.decode.beam,
-                    body.len_penalty if body.len_penalty is not None else served.loaded.config.decode.len_penalty,
-                    body.nbest)
-        results = await translate(app, request, served, body.text, settings, "v1")
+        results = await translate(app, request, served, body.text,
+                                  settings(served, body.beam, body.len_penalty, body.nbest), "v1")
         aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
             else None
         return {"model": served.name, "translations": [
@@ -193,21 +192,22 @@ def add_routes(app: FastAPI) -> None:
     async def attention(body: AttentionRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
-        settings = (served.loaded.config.decode.beam, served.loaded.config.decode.len_penalty, 1)
-        results = await translate(app, request, served, [body.text], settings, "attention")
+        results = await translate(app, request, served, [body.text], settings(served), "attention")
         return await served.batcher.run_alone(lambda: attention_map(served, body.text, results[0]))
 
     @app.post("/translate")
     async def libretranslate(request: Request):
-        from mt.libretranslate import parse, respond
-
         query = await parse(request)
         check_key(options, query.api_key or header_key(request))
         served = pick_by_languages(models, query.source, query.target)
-        decode = served.loaded.config.decode
-        results = await translate(app, request, served, query.lines, (decode.beam, decode.len_penalty, 1),
-                                  "translate")
-        return respond(query, served, [render(served, hyps, 1, False)["text"] for hyps in results])
+        results = await translate(app, request, served, query.lines, settings(served), "translate")
+        return respond(query, served.src, [render(served, hyps, 1, False)["text"] for hyps in results])
+
+
+def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1) -> Settings:
+    """A request's decoding settings: what it asks for, else the model's decode config."""
+    decode = served.loaded.config.decode
+    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest
 
 
 async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
@@ -335,6 +335,12 @@ def attention_map(served: Served, line: str, hyps: list[Hypothesis]) -> dict:
     weights = select(pair_attention(loaded.model, [src], [hyps[0].tokens])[0])
     return {"text": text, "source": to_pieces(loaded.src_tok.sp, src), "target": to_pieces(loaded.tgt_tok.sp,
             hyps[0].tokens), "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
+
+
+def api_keys(keys: list[str], path: Path | None = None) -> frozenset[str]:
+    """The keys given on the command line and those of a keys file, one per line."""
+    from_file = {line.strip() for line in read_text(path) if line.strip()} if path is not None else set()
+    return frozenset(keys) | from_file
 
 
 def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:

@@ -53,14 +53,9 @@ def model_spec(state: dict) -> transformer_spec.TransformerSpec:
     positions = sinusoids(cfg.max_len, cfg.d_model).numpy()
     set_encoder(spec.encoder, weights, positions, cfg)
     set_decoder(spec.decoder, weights, positions, cfg)
-    spec.register_source_vocabulary(pieces(state["spm"]["src"]))
-    spec.register_target_vocabulary(pieces(state["spm"]["tgt"]))
+    spec.register_source_vocabulary(Tokenizer(state["spm"]["src"]).pieces())
+    spec.register_target_vocabulary(Tokenizer(state["spm"]["tgt"]).pieces())
     return spec
-
-
-def pieces(model_proto: bytes) -> list[str]:
-    sp = Tokenizer(model_proto).sp
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
 def set_encoder(spec: transformer_spec.TransformerEncoderSpec, w: dict[str, np.ndarray], positions: np.ndarray,

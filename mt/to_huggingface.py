@@ -133,8 +133,7 @@ def write_vocabularies(state: dict, directory: Path) -> None:
     separate = state["spm"]["src"] != state["spm"]["tgt"]
     sides = {"vocab.json": "src"} | ({"target_vocab.json": "tgt"} if separate else {})
     for name, side in sides.items():
-        sp = Tokenizer(state["spm"][side]).sp
-        vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+        vocab = {piece: i for i, piece in enumerate(Tokenizer(state["spm"][side]).pieces())}
         (directory / name).write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     langs = state.get("langs") or {}
     tokenizer_config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "unk_token": "<unk>",

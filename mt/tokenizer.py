@@ -37,6 +37,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
+    def pieces(self) -> list[str]:
+        """Every piece, in id order: the vocabulary as other engines' files list it."""
+        return [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+
     def encode(self, lines: Sequence[str], alpha: float | None = None, seed: int = 0) -> list[list[int]]:
         """Pieces' ids only: BOS/EOS are added where a sequence is batched, not here.
 

@@ -74,6 +74,26 @@ def prepare_corpus(root: Path, **sizes) -> Path:
     return root / "data"
 
 
+def train_tiny(root: Path, steps: int, joint: bool = True, **model_changes) -> Path:
+    """A tiny de→en model trained `steps` steps (one thread, dropout 0) on the synthetic corpus, which it learns to
+    translate, ending its outputs: its best.pt. The corpus is in root/corpus."""
+    from mt.config import Config
+    from mt.prepare import prepare
+    from mt.train import train
+
+    corpus = write_corpus(root / "corpus")
+    prepare(root / "data", "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=40,
+            joint=joint, progress=False)
+    cfg = Config(data=str(root / "data"), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2,
+                                                            d_ff=64, dropout=0.0, max_len=64, **model_changes))
+    cfg.train.max_tokens, cfg.train.warmup, cfg.train.max_steps, cfg.train.lr = 256, 20, steps, 3e-3
+    cfg.train.valid_bleu, cfg.train.threads = False, 1
+    threads = torch.get_num_threads()
+    train(cfg, root / "run", progress=False)
+    torch.set_num_threads(threads)  # train set one thread for the process
+    return root / "run" / "best.pt"
+
+
 def assert_refused(result, *phrases: str) -> None:
     """A CLI result (typer's CliRunner) that is one `error:` line, exit 2, saying each of `phrases`."""
     assert result.exit_code == 2, result.output

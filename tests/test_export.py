@@ -9,15 +9,12 @@ from typer.testing import CliRunner
 
 from mt import checkpoint
 from mt.cli import app
-from mt.config import Config, ModelConfig
 from mt.errors import MtError
 from mt.export import export
-from mt.prepare import prepare
 from mt.search import beam_search
 from mt.tokenizer import BOS, EOS, PAD
-from mt.train import train
 
-from .conftest import assert_refused, write_corpus
+from .conftest import assert_refused, train_tiny
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -34,17 +31,9 @@ VARIANTS = {
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def trained(request, tmp_path_factory) -> tuple[Path, list[str]]:
     """A tiny model trained on the synthetic corpus until it translates it, and the sentences to translate."""
-    changes = dict(VARIANTS[request.param])
     root = tmp_path_factory.mktemp("export")
-    corpus = write_corpus(root / "corpus")
-    prepare(root / "data", "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=40,
-            joint=changes.pop("joint", True), progress=False)
-    cfg = Config(data=str(root / "data"), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2,
-                                                            d_ff=64, dropout=0.0, max_len=64, **changes))
-    cfg.train.max_tokens, cfg.train.warmup, cfg.train.max_steps, cfg.train.lr = 256, 20, 300, 3e-3
-    cfg.train.valid_bleu, cfg.train.threads = False, 1
-    train(cfg, root / "run", progress=False)
-    return root / "run" / "best.pt", (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    best = train_tiny(root, 300, **VARIANTS[request.param])
+    return best, (root / "corpus" / "valid.de").read_text(encoding="utf-8").splitlines()
 
 
 def mt_ids(path: Path, lines: list[str], beam: int) -> list[list[int]]:

@@ -12,38 +12,23 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from mt.cli import app as cli_app  # noqa: E402
-from mt.config import Config, ModelConfig  # noqa: E402
 from mt.options import ServeOptions  # noqa: E402
-from mt.prepare import prepare  # noqa: E402
 from mt.serve import create_app, load_models  # noqa: E402
-from mt.train import train  # noqa: E402
 
-from .conftest import write_corpus  # noqa: E402
+from .conftest import train_tiny  # noqa: E402
 
 LINES = ["der hund sitzt unter dem baum", "", "die katze läuft auf das rote haus", "   ", "das größte Ü-Ei ☃"]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("serve")
-    corpus = write_corpus(root / "corpus")
-    prepare(root / "data", "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=40,
-            progress=False)
-    cfg = Config(data=str(root / "data"), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2,
-                                                            d_ff=64, dropout=0.0, max_len=64))
-    cfg.train.max_tokens, cfg.train.warmup, cfg.train.max_steps, cfg.train.lr = 256, 20, 200, 3e-3
-    cfg.train.valid_bleu, cfg.train.threads = False, 1
-    threads = torch.get_num_threads()
-    train(cfg, root / "run", progress=False)
-    torch.set_num_threads(threads)
-    return root / "run" / "best.pt"
+    return train_tiny(tmp_path_factory.mktemp("serve"), 200)
 
 
 def serve_app(checkpoint: Path, **options):
