@@ -1,7 +1,7 @@
 """The one error a user can fix: its message says what went wrong and what to do, in one line.
 
 Every command catches `MtError`, prints `error: MESSAGE` and exits with `exit_code` (2, or 130 for an interrupted
-run), never a traceback.
+run), never a traceback. `mt serve` answers a request it cannot translate with an `ApiError` instead.
 """
 
 import errno
