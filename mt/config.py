@@ -51,6 +51,9 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
+    # R-Drop's alpha (Liang et al. 2021): each batch runs twice, under different dropout masks, and the loss adds
+    # alpha times the symmetric KL divergence between the two passes' outputs (a step costs about twice); 0: off
+    rdrop: float = 0.0
     clip_norm: float = 0.0  # 0: no clipping
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
@@ -184,7 +187,7 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
     at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0,
-                "train.max_minutes": 0, "train.weight_decay": 0, "train.clip_norm": 0, "train.threads": 0,
+                "train.max_minutes": 0, "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0}
     for key, least in at_least.items():

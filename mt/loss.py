@@ -103,3 +103,59 @@ class _FusedOutputLoss(torch.autograd.Function):
         if grad_h is None:
             raise RuntimeError("output_loss was computed without gradients (under no_grad); it cannot backpropagate")
         return grad_h * grad, grad_w * grad, None, None, None, None
+
+
+def rdrop_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, alpha: float) -> Tensor:
+    """`mt.model.rdrop_loss` (R-Drop's loss of two passes, hidden (2N, D) stacked), with its signature: the
+    logits are made whole, in float32, and their gradient is computed in the forward pass, a block of rows at a
+    time, in one (2N, V) tensor, where autograd's composite version walks the logits about twenty times."""
+    return _RDropLoss.apply(linear(hidden, weight).float(), target, smoothing, alpha)
+
+
+class _RDropLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, smoothing: float, alpha: float) -> Tensor:
+        n = target.size(0)
+        rows = max(1, BLOCK // (2 * logits.size(1)))
+        total = logits.new_zeros(())
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        for start in range(0, n, rows):
+            end = min(n, start + rows)
+            t, keep = target[start:end], (target[start:end] != PAD).to(logits.dtype)
+            loss, g1, g2 = rdrop_block(logits[start:end], logits[n + start:n + end], t, keep, smoothing, alpha)
+            total += loss
+            if grad is not None:
+                grad[start:end], grad[n + start:n + end] = g1, g2
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        (grad,) = ctx.saved_tensors
+        if grad is None:
+            raise RuntimeError("rdrop_loss was computed without gradients (under no_grad); it cannot backpropagate")
+        return grad * grad_output, None, None, None
+
+
+def rdrop_block(z1: Tensor, z2: Tensor, target: Tensor, keep: Tensor, smoothing: float,
+                alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+    """R-Drop's loss over the rows `keep` of two passes' logits z1, z2 (n, V), and its gradients for each.
+
+    With d = log p1 - log p2 and E_i = sum(p_i * d), the symmetric KL is E_1 - E_2, and its gradient for z1 is
+    p1 * d - p1 * E_1 + p1 - p2 (for z2: -p2 * d + p2 * E_2 + p2 - p1); the cross-entropy's, as in
+    `loss_gradient_`."""
+    logp1, logp2 = torch.log_softmax(z1, dim=-1), torch.log_softmax(z2, dim=-1)
+    loss = (summed_loss(logp1, target, smoothing, keep) + summed_loss(logp2, target, smoothing, keep)) / 2
+    p1 = logp1.exp()
+    d = logp1.sub_(logp2)  # logp1 is not needed past here
+    p2 = logp2.exp_()
+    pd1, pd2 = p1 * d, d.mul_(p2)
+    e1, e2 = pd1.sum(-1, keepdim=True), pd2.sum(-1, keepdim=True)  # (n, 1)
+    loss = loss + alpha / 4 * ((e1 - e2).squeeze(1) * keep).sum()
+    a, half = (alpha / 4) * keep[:, None], keep[:, None] / 2
+    g1 = p1 * (half + a * (1 - e1)) + a * (pd1 - p2) - half * (smoothing / z1.size(-1))
+    g2 = p2 * (half + a * (1 + e2)) - a * (pd2 + p1) - half * (smoothing / z1.size(-1))
+    rows = torch.arange(z1.size(0), device=z1.device)
+    g1[rows, target.clamp(min=0)] -= (1 - smoothing) * half[:, 0]
+    g2[rows, target.clamp(min=0)] -= (1 - smoothing) * half[:, 0]
+    return loss, g1, g2

@@ -21,8 +21,9 @@ def mirror() -> Path:
 
 def tiny_model(seed: int = 0, vocab: int = 40, norm: str = "post", **changes) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2, d_ff=64, dropout=0.0, max_len=64,
-                      src_vocab_size=vocab, tgt_vocab_size=vocab, norm=norm, **changes)
+    settings = dict(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2, d_ff=64, dropout=0.0, max_len=64,
+                    src_vocab_size=vocab, tgt_vocab_size=vocab, norm=norm)
+    cfg = ModelConfig(**(settings | changes))
     return Transformer(cfg).eval()
 
 
