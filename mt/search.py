@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mt.model import DecoderCache
+from mt.cache import DecoderCache
 from mt.tokenizer import BOS, EOS, PAD
 
 
