@@ -263,11 +263,12 @@ def report(
 def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by `mt train`; several are drawn on one chart.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The PNG file to write.")] = Path("curves.png"),
+    x: Annotated[Literal["step", "minutes"], typer.Option(help="Against steps, or minutes of training (runs at equal time).")] = "step",
 ) -> None:
-    """Training and validation curves (loss, BLEU, learning rate, tokens/s against steps) as a PNG."""
+    """Training and validation curves (loss, BLEU, learning rate, tokens/s) as a PNG."""
     from mt.plot import plot_runs
 
-    typer.echo(f"wrote {plot_runs(run_dirs, out)}")
+    typer.echo(f"wrote {plot_runs(run_dirs, out, x=x)}")
 
 
 @app.command()

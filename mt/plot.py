@@ -2,7 +2,8 @@
 
 `mt train` appends two kinds of records to a run's `log.jsonl`: one per log interval
 ({"step", "epoch", "loss", "lr", "tgt_tok_per_s"}) and one per validation ({"step", "valid_loss",
-"valid_bleu", ...}). Each panel plots one field against the step, one line per run, so runs can be compared.
+"valid_bleu", "elapsed", ...}). Each panel plots one field against the step (or the minutes of training), one
+line per run, so runs can be compared.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -55,8 +57,17 @@ def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
     return [latest[key] for key in sorted(latest)]
 
 
-def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr) -> Path:
-    """Draw the 2×2 panel of training curves for `run_dirs` into the PNG `out`; returns `out`."""
+def minutes(records: list[dict]) -> list[float]:
+    """Each record's minutes of training: validations log their `elapsed` seconds; a record between two of
+    them is placed by its step, linearly."""
+    timed = [(0, 0.0)] + [(r["step"], r["elapsed"]) for r in records if isinstance(r.get("elapsed"), (int, float))]
+    steps, seconds = zip(*sorted(set(timed)), strict=True)
+    return [float(np.interp(r["step"], steps, seconds)) / 60 for r in records]
+
+
+def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr, x: str = "step") -> Path:
+    """Draw the 2×2 panel of training curves for `run_dirs` into the PNG `out`, against the step or, with
+    x="minutes", the minutes of training (to compare runs at equal time); returns `out`."""
     if not run_dirs:
         raise MtError("no run directories to plot")
     check_output(out, "--out", create_parent=True)
@@ -69,15 +80,17 @@ def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr) -> Pat
     for ax, (title, fields) in zip(axes, PANELS, strict=True):
         drawn = False
         for records, label, color in zip(logs, labels, colors, strict=True):
+            where = minutes(records) if x == "minutes" else [r["step"] for r in records]
             for field, style, suffix in fields:
-                points = [(r["step"], r[field]) for r in records if isinstance(r.get(field), (int, float))]
+                points = [(at, r[field]) for at, r in zip(where, records, strict=True)
+                          if isinstance(r.get(field), (int, float))]
                 if points:
                     steps, values = zip(*points, strict=True)
                     ax.plot(steps, values, style, color=color, markersize=3,
                             label=f"{label} {suffix}".strip())
                     drawn = True
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set_xlabel("minutes of training" if x == "minutes" else "step")
         ax.grid(alpha=0.3)
         if drawn:
             ax.legend(fontsize="small")

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from mt.cli import app
 from mt.errors import MtError
-from mt.plot import DPI, FIGSIZE, plot_runs, read_log
+from mt.plot import DPI, FIGSIZE, minutes, plot_runs, read_log
 
 from .test_train import prepared, small_config  # noqa: F401  (prepared is a fixture)
 
@@ -68,3 +68,13 @@ def test_mt_plot_command(run, tmp_path):
     assert imread(tmp_path / "c.png").shape[:2] == (FIGSIZE[1] * DPI, FIGSIZE[0] * DPI)
     result = runner.invoke(app, ["plot", str(tmp_path / "nope"), "--out", str(tmp_path / "d.png")])
     assert result.exit_code == 2 and "nope/log.jsonl" in result.output
+
+
+def test_against_minutes_each_record_is_placed_by_the_validations_elapsed_time(tmp_path):
+    records = [{"step": 50, "loss": 3.0}, {"step": 100, "valid_loss": 2.9, "elapsed": 120.0},
+               {"step": 150, "loss": 2.0}, {"step": 200, "valid_loss": 2.5, "elapsed": 300.0}]
+    assert minutes(records) == [1.0, 2.0, 3.5, 5.0]
+    run_dir = write_log(tmp_path / "r", [json.dumps(r) for r in records])
+    result = CliRunner().invoke(app, ["plot", str(run_dir), "--x", "minutes", "--out", str(tmp_path / "c.png")])
+    assert result.exit_code == 0, result.output
+    assert imread(tmp_path / "c.png").std() > 0
