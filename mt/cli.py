@@ -219,13 +219,14 @@ def serve(
     max_waiting: Annotated[int, typer.Option(min=1, help="Requests queued per model (more: 503, Retry-After).")] = SERVE.max_waiting,
     timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may wait and be translated (longer: 504).")] = SERVE.timeout,
     batching: Annotated[bool, typer.Option(help="Translate concurrent requests together.")] = SERVE.batching,
+    threads: Annotated[int, typer.Option(min=0, help="CPU threads for translating [default: PyTorch's].")] = SERVE.threads,
 ) -> None:
     """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /."""
     from mt.options import ServeOptions
     from mt.serve import api_keys, run
 
     run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
-                                              cors or [], max_chars, max_lines, max_waiting, timeout, batching))
+                                              cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads))
 
 
 @app.command()

@@ -85,6 +85,7 @@ class ServeOptions:
     max_waiting: int = 64  # requests queued per model
     timeout: float = 60.0  # seconds a request may wait and be translated
     batching: bool = True  # batch concurrent requests together (off: one request per model call)
+    threads: int = 0  # CPU threads of the models' PyTorch work; 0: PyTorch's choice
 
 
 SERVE = ServeOptions()

@@ -33,7 +33,7 @@ from mt.libretranslate import parse, respond
 from mt.lines import read_text
 from mt.options import ServeOptions
 from mt.search import Hypothesis
-from mt.servemetrics import Metrics
+from mt.servemetrics import CountAnswers, Metrics
 from mt.translate import Options, encode_lines, load_any, translate_lines
 
 LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "fr": "French"}
@@ -60,6 +60,8 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
         holder: dict[str, Loaded] = {}
 
         def setup(path=path, holder=holder):  # on the worker thread: see mt/batcher.py
+            if options.threads:
+                torch.set_num_threads(options.threads)
             holder["loaded"] = load_any(path, device, options.precision)
             return translator(holder["loaded"], device, options.precision)
         batcher = Batcher(setup, options.max_waiting, name=path.name)
@@ -119,12 +121,7 @@ def create_app(models: dict[str, Served], options: ServeOptions | None = None) -
     add_error_handlers(app)
     add_info_routes(app)
     add_translation_routes(app)
-
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        app.state.metrics.answered(request.url.path, response.status_code)
-        return response
+    app.add_middleware(CountAnswers, metrics=app.state.metrics)
     return app
 
 
@@ -238,9 +235,10 @@ async def translate(app: FastAPI, request: Request, served: Served, lines: list[
 
 
 async def disconnected(request: Request) -> None:
-    """Returns once the client has closed the connection."""
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.1)
+    """Returns once the client has closed the connection: the body has been read, so the server's next message
+    is the disconnect (uvicorn sends it when the connection is lost or the response has been sent)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def check_limits(lines: list[str], options: ServeOptions) -> None:

@@ -55,3 +55,21 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CountAnswers:
+    """An ASGI middleware that counts each translation request's answer by endpoint and status (plain ASGI: the
+    `@app.middleware` kind runs every request through a task and streams of its own)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] not in TRANSLATING:
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.answered(scope["path"], message["status"])
+            await send(message)
+        await self.app(scope, receive, counted)

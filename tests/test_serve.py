@@ -258,23 +258,32 @@ def test_a_real_server_answers_a_libretranslate_client_and_stops_cleanly_on_sigt
 
 
 class Client:
-    """What `translate` asks of a request: whether its client has gone."""
+    """What `translate` asks of a request: its next ASGI message, which is the disconnect once its client has gone
+    (and never comes while the client waits)."""
 
     def __init__(self, gone: bool):
         self.gone = gone
 
-    async def is_disconnected(self) -> bool:
-        return self.gone
+    async def receive(self) -> dict:
+        if not self.gone:
+            await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
 
 
-def test_a_request_whose_client_went_away_is_dropped_before_the_model_sees_it(checkpoint):
-    from mt.serve import ApiError, translate
-
+def held_and_watched(checkpoint: Path):
+    """An app whose model's worker is `held`, and the list of the lines each of its model calls saw."""
     app = serve_app(checkpoint)
     served = app.state.models["de-en"]
     inside, release = held(served.batcher)
     seen, held_translate = [], served.batcher.translate
     served.batcher.translate = lambda lines, settings: seen.append(list(lines)) or held_translate(lines, settings)
+    return app, served, inside, release, seen
+
+
+def test_a_request_whose_client_went_away_is_dropped_before_the_model_sees_it(checkpoint):
+    from mt.serve import ApiError, translate
+
+    app, served, inside, release, seen = held_and_watched(checkpoint)
     settings = (4, 0.6, 1)
 
     async def go():
@@ -290,3 +299,37 @@ def test_a_request_whose_client_went_away_is_dropped_before_the_model_sees_it(ch
     status, first, kept = run(go())
     assert status == 499 and first and kept
     assert seen == [["der hund"], ["das haus"]]  # the model never saw the line of the client that went away
+
+
+def test_a_client_that_hangs_up_on_a_real_server_has_its_line_dropped(checkpoint):
+    import uvicorn
+
+    app, served, inside, release, seen = held_and_watched(checkpoint)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    url = f"http://127.0.0.1:{server.config.port}/v1/translate"
+    answers = []
+
+    def post(line: str) -> threading.Thread:
+        sender = threading.Thread(target=lambda: answers.append(httpx.post(url, json={"text": [line]}, timeout=30)))
+        sender.start()
+        return sender
+
+    try:
+        run(until(lambda: server.started, "the server to start"))
+        first = post("der hund")
+        run(until(inside.is_set, "the worker to start"))
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            httpx.post(url, json={"text": ["die katze"]}, timeout=0.5)
+        run(until(lambda: all(p.future.done() for p in served.batcher.waiting), "the server to see it gone"))
+        kept = post("das haus")
+        run(until(lambda: served.batcher.depth == 2, "the next request to queue"))
+        release.set()
+        first.join(30), kept.join(30)
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)
+    assert [a.status_code for a in answers] == [200, 200]
+    assert seen == [["der hund"], ["das haus"]]  # the model never saw the line of the client that hung up
