@@ -77,10 +77,10 @@ def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr, x: str
     FigureCanvasAgg(fig)  # render with Agg whatever backend the user's matplotlib defaults to
     axes = fig.subplots(2, 2).ravel()
     colors = [f"C{i % 10}" for i in range(len(logs))]
+    xs = [minutes(records) if x == "minutes" else [r["step"] for r in records] for records in logs]
     for ax, (title, fields) in zip(axes, PANELS, strict=True):
         drawn = False
-        for records, label, color in zip(logs, labels, colors, strict=True):
-            where = minutes(records) if x == "minutes" else [r["step"] for r in records]
+        for records, where, label, color in zip(logs, xs, labels, colors, strict=True):
             for field, style, suffix in fields:
                 points = [(at, r[field]) for at, r in zip(where, records, strict=True)
                           if isinstance(r.get(field), (int, float))]

@@ -45,8 +45,7 @@ class Metrics:
         self.batch_lines.labels(model).observe(lines)
 
     def answered(self, path: str, status: int) -> None:
-        if path in TRANSLATING:
-            self.requests.labels(path, str(status)).inc()
+        self.requests.labels(path, str(status)).inc()
 
     def served(self, endpoint: str, served, lines: list[str], results: list, seconds: float) -> None:
         self.lines.labels(served.name).inc(len(lines))
