@@ -3,7 +3,7 @@
 The weights are those of teacher-forced decoding: the decoder reads BOS + target pieces, and the row for
 target position t is the attention of the step that predicts output token t (the pieces, then EOS). They are
 recomputed from what each decoder layer's `cross_attn` receives, captured with forward hooks, so the model
-and its fused attention kernel stay as they are.
+and its fused attention kernel stay as they are. An ensemble's are the mean of its members'.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from mt.data import batch_by_tokens, pad, shift_targets
+from mt.ensemble import Ensemble
 from mt.model import Transformer, split_heads
 from mt.tokenizer import EOS, PAD
 
@@ -27,6 +28,8 @@ def cross_attention(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
     right-padded). Each row sums to 1 over the source's non-padding positions and is 0 on padding; rows of
     target padding are all 0.
     """
+    if isinstance(model, Ensemble):
+        return torch.stack([cross_attention(member, src, tgt) for member in model.members]).mean(0)
     captured: list[Tensor] = []
 
     def capture(module, args, output) -> None:

@@ -1,8 +1,9 @@
 """Checkpoints: self-contained (weights, resolved config, SentencePiece models), written atomically, loaded safely.
 
 A checkpoint is a plain dict saved with `torch.save`:
-  model: state_dict · config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} ·
-  langs: {"src": "de", "tgt": "en"} · step · metrics · init: {"from": path, "step": N} in a fine-tuned run's ·
+  model: state_dict (an ensemble has `members` instead, a state_dict each: mt/ensemble.py) ·
+  config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} · langs: {"src": "de", "tgt": "en"} ·
+  step · metrics · init: {"from": path, "step": N} in a fine-tuned run's ·
   and, in the resumable checkpoints only, `train`: optimizer, scaler, position (step, epoch, batch, elapsed,
   validations_since_best), best_score, rng, world_size. (Earlier versions wrote `best_bleu` and `stale` for
   best_score and validations_since_best, and, with train.ema, the raw `weights` beside their average.)
@@ -210,9 +211,17 @@ def load(path: str | Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or not a checkpoint at all
         raise MtError(f"{path}: not a readable mt checkpoint ({_why(e)})") from None
-    if not isinstance(state, dict) or not {"model", "config", "spm"} <= state.keys():
+    if not isinstance(state, dict) or not {"config", "spm"} <= state.keys() or not state.keys() & {"model", "members"}:
         raise MtError(f"{path}: not an mt checkpoint (no model/config/spm entries)")
     return state
+
+
+def weights(state: dict[str, Any], path: str | Path, needs: str) -> dict[str, Any]:
+    """The model's state dict; an ensemble (several) is refused, naming what `needs` one model."""
+    if "members" in state:
+        raise MtError(f"{path}: an ensemble of {len(state['members'])} models; {needs} needs one model: give the "
+                      f"checkpoint of one member ({', '.join(m['path'] for m in state['metrics']['ensemble'])})")
+    return state["model"]
 
 
 def _why(error: Exception) -> str:
@@ -244,11 +253,20 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", precision: 
 def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
     """A checkpoint's state (as `load` returns it) made ready to translate with in `precision` (see
     `mt.fast.for_inference`); precision None keeps the plain model."""
+    from mt.ensemble import Ensemble  # which builds on this module
+
     cfg = from_dict(state["config"])
+    members = [built(cfg, one, device, precision) for one in state.get("members") or [state["model"]]]
+    parameters = sum(count for _, count in members)
+    model = Ensemble([m for m, _ in members]) if "members" in state else members[0][0]
+    return Loaded(model, cfg, Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"]), state, parameters)
+
+
+def built(cfg: Config, state_dict: dict[str, Any], device: torch.device | str, precision: str | None
+          ) -> tuple[torch.nn.Module, int]:
+    """The model of `cfg` with `state_dict`, ready to translate in `precision`, and its parameter count."""
     model = Transformer(cfg.model)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(state_dict)
     model.to(device).eval()
     parameters = count_parameters(model)
-    if precision is not None:
-        model = for_inference(model, precision)
-    return Loaded(model, cfg, Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"]), state, parameters)
+    return (model if precision is None else for_inference(model, precision)), parameters

@@ -190,6 +190,18 @@ def average(
 
 
 @app.command()
+def ensemble(
+    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. averaged runs of different seeds).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The ensemble checkpoint to write.")],
+) -> None:
+    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions."""
+    from mt.ensemble import write_ensemble
+
+    state = write_ensemble(checkpoints, out)
+    typer.echo(f"{out}: an ensemble of {len(state['members'])} models ({', '.join(str(c) for c in checkpoints)})")
+
+
+@app.command()
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint written by `mt train` or `mt average`.")],
     to: Annotated[Literal["ctranslate2", "huggingface"], typer.Option(help="ctranslate2 (a CTranslate2 model directory) or huggingface (a MarianMTModel directory).")],

@@ -31,6 +31,7 @@ def export(source: str | Path, to: str, out: str | Path, quantization: str = "fl
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MtError(f"--out {out}: exists and is not empty; choose another directory, or --force to replace it")
     state = checkpoint.load(source)
+    checkpoint.weights(state, source, f"--to {to}")  # CTranslate2 and Marian models are one model each
     writer = target_module(to)
     if quantization not in writer.QUANTIZATIONS:
         raise MtError(f"--quantization {quantization}: not for --to {to}; choose one of "

@@ -41,11 +41,12 @@ def load_init(path: Path, cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, m
     """The checkpoint at `path`, checked against the run's data (`meta`, its tokenizers) and its config, whose
     vocabulary sizes are already taken from the data."""
     saved = checkpoint.load(path)
+    state_dict = checkpoint.weights(saved, path, "fine-tuning")
     data_dir = Path(cfg.data)
     check_languages(saved, path, meta, data_dir)
     check_vocabulary(saved, path, {"src": src_tok, "tgt": tgt_tok}, meta, data_dir)
     check_architecture(saved, path, cfg)
-    return Init(path, int(saved.get("step") or 0), saved["model"])
+    return Init(path, int(saved.get("step") or 0), state_dict)
 
 
 def check_languages(saved: dict, path: Path, meta: dict, data_dir: Path) -> None:

@@ -1,0 +1,100 @@
+"""Ensembles: several models of one vocabulary translating as one, their next-token probabilities averaged.
+
+`mt ensemble A.pt B.pt --out E.pt` writes one checkpoint holding every member's weights (`members`, a state dict
+each, where a single model's checkpoint has `model`) with the first member's config and SentencePiece models.
+`mt translate`, `tune`, `report`, `score` and `serve` load it as one model: at every step the members'
+probabilities are averaged (the log of their mean, as fairseq and Marian ensemble), so mt's own greedy and beam
+search decode it unchanged. What needs one set of weights (export, fine-tuning, attention and alignments) refuses
+an ensemble and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mt import checkpoint
+from mt.cache import DecoderCache
+from mt.errors import MtError
+from mt.lines import check_output
+from mt.runlock import writing_into
+
+
+@dataclass
+class EnsembleCache:
+    """The members' decoder caches, rows kept in step."""
+
+    caches: list[DecoderCache]
+
+    def select(self, rows: Tensor, sentences: Tensor | None = None) -> EnsembleCache:
+        return EnsembleCache([cache.select(rows, sentences) for cache in self.caches])
+
+
+class Ensemble(nn.Module):
+    """The decoding interface of `mt.model.Transformer` (encode, start_cache, decode_step, and the teacher-forced
+    forward that `mt score` uses) over several of them; it returns log-probabilities where they return logits,
+    which searching and scoring normalize again to the same values."""
+
+    def __init__(self, members: list[nn.Module]):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        self.cfg = members[0].cfg
+
+    def encode(self, src: Tensor) -> tuple[list[Tensor], Tensor]:
+        encoded = [member.encode(src) for member in self.members]
+        return [memory for memory, _ in encoded], encoded[0][1]
+
+    def start_cache(self, memory: list[Tensor], src_mask: Tensor, max_steps: int | None = None,
+                    beam: int = 1) -> EnsembleCache:
+        return EnsembleCache([member.start_cache(m, src_mask, max_steps, beam=beam)
+                              for member, m in zip(self.members, memory, strict=True)])
+
+    def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> tuple[Tensor, EnsembleCache]:
+        steps = [member.decode_step(tokens, c) for member, c in zip(self.members, cache.caches, strict=True)]
+        return mean_probabilities([logits for logits, _ in steps]), EnsembleCache([c for _, c in steps])
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        return mean_probabilities([member(src, tgt) for member in self.members])
+
+
+def mean_probabilities(logits: list[Tensor]) -> Tensor:
+    """log(mean of softmax(logits)) over the members, in fp32."""
+    logp = torch.stack([x.float().log_softmax(-1) for x in logits])
+    return torch.logsumexp(logp, 0) - math.log(len(logits))
+
+
+def combine(paths: list[Path]) -> dict[str, Any]:
+    """The ensemble checkpoint of the translation checkpoints at `paths`: one vocabulary, one architecture; the
+    first gives the config (decoding defaults included) and the languages."""
+    if len(paths) < 2:
+        raise MtError(f"an ensemble needs at least two checkpoints; {len(paths)} given")
+    states = [checkpoint.load(path) for path in paths]
+    first = states[0]
+    for path, state in zip(paths, states, strict=True):
+        if "members" in state:
+            raise MtError(f"{path}: already an ensemble; give the checkpoints of its members "
+                          f"({', '.join(m['path'] for m in state['metrics']['ensemble'])})")
+        if state["spm"] != first["spm"]:
+            raise MtError(f"{path}: another vocabulary than {paths[0]}; ensemble models trained on one prepared data "
+                          "directory")
+        if state["config"]["model"] != first["config"]["model"]:
+            raise MtError(f"{path}: another architecture (model config) than {paths[0]}; ensemble models of one "
+                          "config")
+    members = [{"path": str(path), "step": state.get("step")} for path, state in zip(paths, states, strict=True)]
+    return {"members": [state["model"] for state in states], "config": first["config"], "spm": first["spm"],
+            "langs": first.get("langs"), "step": max(int(state.get("step") or 0) for state in states),
+            "metrics": {"ensemble": members}}
+
+
+def write_ensemble(paths: list[Path], out: Path) -> dict[str, Any]:
+    """What `mt ensemble` does: `combine` the checkpoints and write the result to `out` (atomically)."""
+    check_output(out, "--out", create_parent=True)
+    with writing_into(out):
+        state = combine(paths)
+        checkpoint.save(state, out)
+    return state
