@@ -41,6 +41,7 @@ demo: install
 # A results recipe, NAME=CORPUS_SRC_TGT with configs/NAME.yaml (e.g. NAME=multi30k_en_de): prepare, train (or
 # continue an interrupted run), average the last checkpoints (how many: chosen on valid), choose beam and length penalty on valid, report on
 # test. Leaves runs/NAME/final.pt and runs/NAME/report.json. SEED=N trains with another seed into runs/NAME_sN.
+# A config with train.members: N trains N models into runs/NAME/member-*, and final.pt is their ensemble.
 NAME   ?= multi30k_de_en
 SEED   ?= 1
 AVERAGE ?= 1,2,4,8
@@ -59,7 +60,7 @@ recipe: install
 		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de)"; exit 2; }
 	test -f data/prepared/$(NAME)/meta.json || $(BIN)/mt prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
 		--tgt $(word 3,$(LANGS)) --out data/prepared/$(NAME)
-	if [ -n "$$(ls $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt 2>/dev/null)" ]; then $(TRAIN) --resume --out $(RECIPE_RUN); \
+	if [ -n "$$(ls -d $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt $(RECIPE_RUN)/member-* 2>/dev/null)" ]; then $(TRAIN) --resume --out $(RECIPE_RUN); \
 	else $(TRAIN) configs/$(NAME).yaml --out $(RECIPE_RUN) --set train.seed=$(SEED) $(SPLIT); fi
 	$(BIN)/mt average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
 	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt

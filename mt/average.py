@@ -19,6 +19,7 @@ from mt import checkpoint
 from mt.checkpoint import from_state
 from mt.errors import MtError
 from mt.lines import check_output
+from mt.members import average_members, member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
 
@@ -79,7 +80,8 @@ def average(paths: list[Path]) -> dict[str, Any]:
 def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0,
                         device: str = DEVICE) -> tuple[dict[str, Any], list[dict]]:
     """What `mt average` does: `last` is a count or comma-separated counts; several counts are each averaged
-    and the best on the valid split kept (`average_on_valid`, whose results are returned; else none)."""
+    and the best on the valid split kept (`average_on_valid`, whose results are returned; else none). In an
+    ensemble run (train.members), each member's into its own final.pt, and `out` joins those (mt/members.py)."""
     from mt.device import pick_device
 
     try:
@@ -89,16 +91,26 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
     if len(counts) > 1 and best:
         raise MtError("--best N averages the N best checkpoints; several counts work with --last only")
     check_output(out, "--out", create_parent=True)
-    with writing_into(out):
+
+    def average_one(directory: Path, to: Path) -> tuple[dict[str, Any], list[dict]]:
         if len(counts) == 1:
-            return average_run(run_dir, out, last=counts[0], best=best), []
-        return average_on_valid(run_dir, out, counts, pick_device(device))
+            return average_run(directory, to, last=counts[0], best=best), []
+        return average_on_valid(directory, to, counts, pick_device(device))
+    with writing_into(out):
+        if member_dirs(run_dir):  # an ensemble run: each member averaged, then joined
+            return average_members(Path(run_dir), out, average_one)
+        return average_one(run_dir, out)
 
 
 def summary(state: dict[str, Any], results: list[dict], out: Path) -> str:
-    """What `mt average` prints: each count's valid BLEU when several were tried, then the steps averaged."""
-    lines = [f"last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} (greedy)" for r in results]
-    lines.append(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
+    """What `mt average` prints: each count's valid BLEU when several were tried (per member of an ensemble run),
+    then the steps averaged, or the members joined."""
+    lines = [f"{r['member'] + '  ' if 'member' in r else ''}last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} "
+             "(greedy)" for r in results]
+    if "members" in state:
+        lines.append(f"{out}: an ensemble of {', '.join(m['path'] for m in state['metrics']['ensemble'])}")
+    else:
+        lines.append(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
     return "\n".join(lines)
 
 

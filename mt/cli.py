@@ -120,7 +120,8 @@ def train(
     cfg = resume_config(out, set_ or []) if resume else load_config(config, set_ or [])
     metrics = run(cfg, out, resume=resume, progress=not quiet, init=init)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one summary line, not one per process
-        typer.echo(f"done: {out}/best.pt" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
+        best = f"{out}/member-*/best.pt" if cfg.train.members > 1 else f"{out}/best.pt"
+        typer.echo(f"done: {best}" + (f" (valid BLEU {metrics['valid_bleu']:.2f})" if "valid_bleu" in metrics else ""))
 
 
 @app.command()

@@ -58,6 +58,9 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
+    # Models trained one after another in the run, as one ensemble (mt/members.py): seeds seed, seed + 1000, ...,
+    # each for max_minutes / members; `mt average` averages each and joins them (`mt ensemble`). 1: one model
+    members: int = 1
     valid_every: int = 1000  # steps between validations (and checkpoints)
     keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
     max_bad_steps: int = 10  # non-finite steps in a row (each skipped) before training stops as diverged
@@ -119,7 +122,13 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
     """The config a run started with (from its newest readable checkpoint), with `overrides` applied; the model
     cannot change. Silent about damaged checkpoints: `train` reports them when it loads the same one."""
     from mt import checkpoint  # imported here: mt.checkpoint imports this module
+    from mt.members import member_dirs
 
+    if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
+        for item in overrides:
+            if item.strip().startswith(("model.", "train.members", "train.seed")):
+                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members and seeds")
+        return load_config(Path(out_dir) / "config.yaml", overrides)
     last_path = Path(out_dir) / checkpoint.LAST
     if not last_path.is_file() and not checkpoint.numbered(out_dir):
         raise MtError(f"{last_path}: nothing to resume; drop --resume to start a new run")
@@ -186,7 +195,7 @@ def validate(cfg: Config) -> None:
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
-    at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0,
+    at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0, "train.members": 1,
                 "train.max_minutes": 0, "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0}

@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 _host_group = None  # gloo group for host-side agreements; None when not distributed
 _owned = False  # whether `start` created the process group (and so `stop` destroys it)
+_depth = 0  # `start`s not yet stopped: an ensemble run's members train inside the run's one group
 
 
 def launched() -> bool:
@@ -48,13 +49,17 @@ def launched() -> bool:
 
 def start(device: torch.device) -> torch.device:
     """Join the launcher's process group, if launched as one of several processes; returns the device this process
-    trains on (cuda:LOCAL_RANK on GPUs). A group the caller has already started is used as it is."""
-    global _host_group, _owned
+    trains on (cuda:LOCAL_RANK on GPUs). A group the caller has already started is used as it is, and so is the
+    group of an enclosing `start` (each `start` is paired with a `stop`)."""
+    global _host_group, _owned, _depth
     if not launched():
         return device
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
+    _depth += 1
+    if _depth > 1:
+        return device
     _owned = not dist.is_initialized()
     if _owned:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -64,8 +69,13 @@ def start(device: torch.device) -> torch.device:
 
 
 def stop() -> None:
-    """Leave the process group, if `start` created it."""
-    global _host_group, _owned
+    """The end of a `start`: the outermost one leaves the process group, if it created it."""
+    global _host_group, _owned, _depth
+    if _depth == 0:  # not started: a single process
+        return
+    _depth -= 1
+    if _depth > 0:
+        return
     if _owned:
         dist.destroy_process_group()
     _host_group, _owned = None, False

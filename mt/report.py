@@ -1,8 +1,8 @@
 """The report of a finished recipe run: test scores (cased and lowercased), training time and model size.
 
 `make recipe NAME=...` ends with `mt report`: it translates the prepared test split with the final checkpoint,
-scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`,
-and writes `report.json` beside the checkpoint, atomically.
+scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`
+(its members' in an ensemble run), and writes `report.json` beside the checkpoint, atomically.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import torch
 
 from mt import checkpoint
 from mt.checkpoint import load_model
-from mt.config import Config
+from mt.config import Config, from_dict
 from mt.data import epoch_batches, epoch_split, train_splits
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
 from mt.lines import read_text, write_lines
+from mt.members import member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
 from mt.translate import Options, translate_stream
@@ -48,8 +49,6 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
     hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
     write_lines(run_dir / "test.hyp.txt", hyps)
     cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
-    last = checkpoint.load(run_dir / checkpoint.LAST)
-    position = last["train"]["position"]
     metrics = loaded.state.get("metrics") or {}
     tuned = metrics.get("tuned") or [{}]
     return {
@@ -64,15 +63,27 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
         "ter": cased["ter"]["score"],
         "signatures": {"bleu": cased["bleu"]["signature"], "bleu_lc": lower["bleu"]["signature"],
                        "chrf": cased["chrf"]["signature"], "ter": cased["ter"]["signature"]},
-        "train_minutes": round(position["elapsed"] / 60, 1),
-        "steps": position["step"],
-        "epochs": round(epochs_trained(loaded.config, data_dir, position), 1),
+        **training(run_dir, data_dir),
         "parameters": loaded.parameters,
         "averaged_steps": metrics.get("averaged_steps"),
         "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty},
         "valid_bleu": tuned[0].get("bleu"),
         "seed": loaded.config.train.seed,
     }
+
+
+def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
+    """Minutes, steps and epochs of training, from the run's last.pt; an ensemble run's added up over its members,
+    which are listed too (mt/members.py)."""
+    members = []
+    for directory in member_dirs(run_dir) or [run_dir]:
+        last = checkpoint.load(directory / checkpoint.LAST)
+        position, cfg = last["train"]["position"], from_dict(last["config"])
+        members.append({"train_minutes": round(position["elapsed"] / 60, 1), "steps": position["step"],
+                        "epochs": round(epochs_trained(cfg, data_dir, position), 1), "seed": cfg.train.seed})
+    total = {key: round(sum(m[key] for m in members), 1) for key in ("train_minutes", "epochs")}
+    total["steps"] = sum(m["steps"] for m in members)
+    return total | ({"members": members} if len(members) > 1 else {})
 
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:

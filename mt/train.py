@@ -26,6 +26,7 @@ from mt.errors import MtError
 from mt.fast import for_training
 from mt.finetune import NOT_WITH_RESUME, load_init
 from mt.lines import check_output_dir, read_text
+from mt.members import train_members
 from mt.model import Transformer, count_parameters
 from mt.optim import adam, step_rate
 from mt.runlock import lock_run, unlock_run
@@ -49,7 +50,10 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
     """Train per `cfg`, writing into `out_dir`; returns the last validation metrics ({} on ranks other than 0).
     `init`: a checkpoint whose weights a new run starts from (mt/finetune.py).
 
-    Started by torchrun as one of several processes, joins their process group for the run (mt/distributed.py)."""
+    Started by torchrun as one of several processes, joins their process group for the run (mt/distributed.py).
+    With train.members > 1, trains that many models one after another (mt/members.py)."""
+    if cfg.train.members > 1:
+        return train_members(cfg, Path(out_dir), resume, train, progress=progress, init=init)
     device = distributed.start(pick_device(cfg.train.device))
     try:
         run = open_run(cfg, Path(out_dir), device, resume, progress, Path(init) if init is not None else None)

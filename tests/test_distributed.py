@@ -131,3 +131,17 @@ def test_two_processes_train_as_one_with_the_same_effective_batch(prepared, tmp_
     epochs = [r["epoch"] for r in log_records(straight)]
     assert epochs[-1] > epochs[0], "the 8 steps should cross an epoch boundary"
 
+
+
+@needs_gloo
+def test_an_ensemble_run_trains_each_member_in_the_one_process_group(prepared, tmp_path):
+    (tmp_path / "members.yaml").write_text(yaml.safe_dump(to_dict(config(prepared, max_steps=4, valid_every=4,
+                                                                          members=2))), encoding="utf-8")
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "mt", "train", str(tmp_path / "members.yaml"), "--out", str(tmp_path / "run"),
+                             "--quiet"], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr
+    for i, seed in ((1, 1), (2, 1001)):
+        last = checkpoint.load(tmp_path / "run" / f"member-{i}" / "last.pt")
+        assert last["step"] == 4 and last["train"]["world_size"] == 2 and last["config"]["train"]["seed"] == seed

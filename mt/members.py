@@ -1,0 +1,90 @@
+"""Ensemble runs (`train.members: N`): N models trained one after another in one run directory, then joined.
+
+Such a run holds `config.yaml` (its config, `members` included) and `member-1/` ... `member-N/`, each an ordinary
+run directory (last.pt, numbered checkpoints, best.pt, log.jsonl). Member i trains with seed
+`train.seed + 1000 * (i - 1)` for `train.max_minutes / N`: the run's time is shared out, while `max_steps` and
+`max_epochs` hold for each member. `--resume` resumes the members that have started (a finished one stops at
+once) and starts the others. `mt average RUN` averages each member's checkpoints into its `final.pt` and joins
+those into one ensemble checkpoint (mt/ensemble.py); `mt report RUN` adds up the members' training.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mt import checkpoint, distributed
+from mt.config import Config, to_dict
+from mt.device import pick_device
+from mt.errors import MtError
+from mt.lines import write_lines
+from mt.runlock import writing_into
+from mt.stopping import TrainInterrupted
+
+SEED_STRIDE = 1000  # member i's seed: train.seed + SEED_STRIDE * (i - 1), apart from any other recipe seed's
+_MEMBER = re.compile(r"member-(\d+)")
+
+
+def member_dirs(run_dir: str | Path) -> list[Path]:
+    """The member directories of an ensemble run, in order; [] for a run of one model."""
+    found = [(int(m[1]), path) for path in Path(run_dir).glob("member-*")
+             if path.is_dir() and (m := _MEMBER.fullmatch(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def member_config(cfg: Config, i: int) -> Config:
+    """The config member `i` (1-based) trains with: its seed, its share of the time, one model."""
+    member = copy.deepcopy(cfg)
+    member.train.members = 1
+    member.train.seed = cfg.train.seed + SEED_STRIDE * (i - 1)
+    member.train.max_minutes = cfg.train.max_minutes / cfg.train.members
+    return member
+
+
+def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[..., dict], **options: Any
+                  ) -> dict:
+    """Train each member in turn with `train_one` (`mt.train.train`, given `options`); the last one's metrics."""
+    if options.get("init") is not None:
+        raise MtError("--init fine-tunes one model; train.members trains new ones: set train.members=1")
+    if not resume and member_dirs(out_dir):
+        raise MtError(f"{out_dir} already holds an ensemble run; pass --resume to continue it, or choose another "
+                      "--out")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process writes
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_lines(out_dir / "config.yaml", [yaml.safe_dump(to_dict(cfg), sort_keys=False)])
+    metrics: dict = {}
+    distributed.start(pick_device(cfg.train.device))  # under torchrun, one process group for every member
+    try:
+        for i in range(1, cfg.train.members + 1):
+            directory = out_dir / f"member-{i}"
+            started = (directory / checkpoint.LAST).is_file() or bool(checkpoint.numbered(directory))
+            try:
+                metrics = train_one(member_config(cfg, i), directory, resume=started, **options)
+            except TrainInterrupted as stop:  # the command it prints must continue the whole run, not one member
+                raise TrainInterrupted(str(stop).replace(f"--out {directory}", f"--out {out_dir}")) from None
+    finally:
+        distributed.stop()
+    return metrics
+
+
+def average_members(run_dir: Path, out: Path, average_one: Callable[[Path, Path], tuple[dict, list[dict]]]
+                    ) -> tuple[dict[str, Any], list[dict]]:
+    """`average_one(member_dir, member_dir / "final.pt")` for each member, then the members' final.pt joined into
+    `out`. Returns the ensemble's state and every member's results, each marked with its member."""
+    from mt.ensemble import combine
+
+    finals, results = [], []
+    for directory in member_dirs(run_dir):
+        with writing_into(directory / "final.pt"):
+            _, tried = average_one(directory, directory / "final.pt")
+        finals.append(directory / "final.pt")
+        results += [{"member": directory.name, **result} for result in tried]
+    state = combine(finals)
+    checkpoint.save(state, out)
+    return state, results

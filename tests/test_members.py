@@ -1,0 +1,101 @@
+"""Ensemble runs (`train.members`): several models trained one after another in one run, averaged, joined, reported."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mt import checkpoint
+from mt.cli import app
+from mt.config import load_config
+from mt.errors import MtError
+from mt.members import member_dirs, train_members
+from mt.prepare import prepare
+from mt.report import report_run
+from mt.stopping import TrainInterrupted
+from mt.train import train
+
+from .conftest import assert_refused, write_corpus
+from .test_train import small_config
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = write_corpus(tmp_path_factory.mktemp("corpus"), n_train=200, n_valid=12)
+    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), test=str(root / "valid"),
+            vocab_size=40, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("members") / "run"
+    train(small_config(data, max_steps=12, valid_every=6, keep_checkpoints=2, members=2, max_minutes=10, seed=3),
+          out, progress=False)
+    return out
+
+
+def test_each_member_trains_with_its_own_seed_and_its_share_of_the_time(run):
+    members = member_dirs(run)
+    assert [m.name for m in members] == ["member-1", "member-2"]
+    lasts = [checkpoint.load(m / "last.pt") for m in members]
+    assert [last["config"]["train"]["seed"] for last in lasts] == [3, 1003]
+    assert [last["config"]["train"]["max_minutes"] for last in lasts] == [5.0, 5.0]
+    assert [last["step"] for last in lasts] == [12, 12]
+    a, b = (last["model"] for last in lasts)
+    assert any(not torch.equal(a[name], b[name]) for name in a), "two seeds should train two different models"
+    assert load_config(run / "config.yaml").train.members == 2
+
+
+def test_a_resumed_ensemble_run_trains_only_the_members_not_yet_trained(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "member-2")  # as if stopped before the second member began
+    first = (copy / "member-1" / "last.pt").read_bytes()
+    result = CliRunner().invoke(app, ["train", "--resume", "--out", str(copy), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (copy / "member-1" / "last.pt").read_bytes() == first  # finished: resumed to an immediate stop
+    again, before = (checkpoint.load(d / "last.pt") for d in (copy / "member-2", run / "member-2"))
+    assert again["step"] == 12 and again["config"]["train"]["seed"] == 1003
+    for name, value in before["model"].items():  # the same member as an uninterrupted run trains
+        assert torch.equal(again["model"][name], value), name
+
+
+def test_average_joins_the_averaged_members_and_report_adds_up_their_training(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    result = CliRunner().invoke(app, ["average", str(copy), "--last", "1,2", "--out", str(copy / "final.pt")])
+    assert result.exit_code == 0, result.output
+    assert "member-1  last" in result.output and "member-2  last" in result.output
+    final = checkpoint.load(copy / "final.pt")
+    assert [m["path"] for m in final["metrics"]["ensemble"]] == [str(copy / f"member-{i}" / "final.pt")
+                                                                 for i in (1, 2)]
+    assert all(checkpoint.load(copy / f"member-{i}" / "final.pt")["metrics"]["average_choice"] for i in (1, 2))
+    report = report_run(copy, None, "cpu")
+    assert json.loads((copy / "report.json").read_text(encoding="utf-8")) == report
+    assert [m["steps"] for m in report["members"]] == [12, 12] and report["steps"] == 24
+    assert [m["seed"] for m in report["members"]] == [3, 1003]
+    assert report["test"]["sentences"] == 12
+
+
+def test_what_an_ensemble_run_cannot_do_is_refused(run, data, tmp_path):
+    with pytest.raises(MtError, match="already holds an ensemble run; pass --resume"):
+        train(small_config(data, max_steps=1, members=2), run, progress=False)
+    with pytest.raises(MtError, match="--init fine-tunes one model"):
+        train(small_config(data, max_steps=1, members=2), tmp_path / "new", progress=False,
+              init=run / "member-1" / "best.pt")
+    result = CliRunner().invoke(app, ["train", "--resume", "--out", str(run), "--set", "train.members=3"])
+    assert_refused(result, "keeps its model, members and seeds")
+    with pytest.raises(MtError, match="train.members=0: must be at least 1"):
+        train(small_config(data, members=0), tmp_path / "none", progress=False)
+
+
+def test_an_interrupted_member_says_how_to_continue_the_whole_run(data, tmp_path):
+    def interrupted(cfg, directory, **options):  # what mt.train.train raises on Ctrl-C, inside member 1
+        raise TrainInterrupted(f"SIGINT at step 3: saved {directory / 'last.pt'}. Continue with: mt train --resume "
+                               f"--out {directory}")
+    with pytest.raises(TrainInterrupted) as stopped:
+        train_members(small_config(data, members=2), tmp_path / "run", False, interrupted, progress=False)
+    assert str(stopped.value).endswith(f"mt train --resume --out {tmp_path / 'run'}")
