@@ -54,6 +54,8 @@ class TrainConfig:
     # R-Drop's alpha (Liang et al. 2021): each batch runs twice, under different dropout masks, and the loss adds
     # alpha times the symmetric KL divergence between the two passes' outputs (a step costs about twice); 0: off
     rdrop: float = 0.0
+    # Word dropout: each source and decoder-input piece becomes UNK with this probability (mt/data.py); 0: off
+    word_dropout: float = 0.0
     clip_norm: float = 0.0  # 0: no clipping
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
@@ -191,7 +193,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
-                 "train.cooldown", "train.beta1", "train.beta2")
+                 "train.word_dropout", "train.cooldown", "train.beta1", "train.beta2")
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
