@@ -56,6 +56,9 @@ class TrainConfig:
     rdrop: float = 0.0
     # Word dropout: each source and decoder-input piece becomes UNK with this probability (mt/data.py); 0: off
     word_dropout: float = 0.0
+    # Bidirectional training (BiT, Ding et al. 2021): the first N epochs read each pair both ways, source to target
+    # and target to source (epochs twice as long), then as written; needs a joint vocabulary. 0: off
+    both_ways_epochs: int = 0
     clip_norm: float = 0.0  # 0: no clipping
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
@@ -198,7 +201,8 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
     at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0, "train.members": 1,
-                "train.max_minutes": 0, "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
+                "train.both_ways_epochs": 0, "train.max_minutes": 0, "train.weight_decay": 0, "train.rdrop": 0,
+                "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0}
     for key, least in at_least.items():

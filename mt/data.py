@@ -70,9 +70,34 @@ def train_splits(data_dir: str | Path) -> list[Split]:
     return copies or [Split(data_dir, "train")]
 
 
-def epoch_split(splits: list[Split], epoch: int) -> Split:
-    """The one of `train_splits` that epoch `epoch` reads."""
-    return splits[epoch % len(splits)]
+class BothWays:
+    """A split read both ways, as a `Split`: its pairs as written, then each with source and target swapped."""
+
+    def __init__(self, split: Split):
+        self.split, self.n, self.name = split, len(split), f"{split.name}, both ways"
+
+    def __len__(self) -> int:
+        return 2 * self.n
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return np.concatenate([self.split.src_lens, self.split.tgt_lens])
+
+    @property
+    def tgt_lens(self) -> np.ndarray:
+        return np.concatenate([self.split.tgt_lens, self.split.src_lens])
+
+    def src(self, i: int) -> np.ndarray:
+        return self.split.src(i) if i < self.n else self.split.tgt(i - self.n)
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.split.tgt(i) if i < self.n else self.split.src(i - self.n)
+
+
+def epoch_split(splits: list[Split], epoch: int, both_ways_epochs: int = 0) -> Split | BothWays:
+    """The one of `train_splits` that epoch `epoch` reads; read both ways in the first `both_ways_epochs`."""
+    split = splits[epoch % len(splits)]
+    return BothWays(split) if epoch < both_ways_epochs else split
 
 
 def load_tokenizers(data_dir: Path) -> tuple[Tokenizer, Tokenizer, dict]:
@@ -98,6 +123,9 @@ def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) 
         setattr(model_cfg, key, have)
     if model_cfg.share_embeddings and not joint:
         model_cfg.share_embeddings = False  # separate vocabularies cannot share one table
+    if cfg.train.both_ways_epochs and not joint:
+        raise MtError(f"train.both_ways_epochs={cfg.train.both_ways_epochs} also reads each pair target to "
+                      f"source, which needs one joint vocabulary: prepare {cfg.data} without --separate-vocab")
 
 
 def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
@@ -196,7 +224,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
     train_cfg, max_len = cfg.train, cfg.model.max_len
     per_step = world * train_cfg.accumulate
     while True:
-        split = epoch_split(splits, epoch)
+        split = epoch_split(splits, epoch, train_cfg.both_ways_epochs)
         tgt_lens = split.tgt_lens  # a property that computes them: once an epoch, not once a batch
         batches = epoch_batches(split, train_cfg.max_tokens, max_len, train_cfg.seed, epoch)
         if len(batches) < per_step:

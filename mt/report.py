@@ -88,7 +88,7 @@ def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
     """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
-    split = epoch_split(train_splits(data_dir), position["epoch"])
+    split = epoch_split(train_splits(data_dir), position["epoch"], cfg.train.both_ways_epochs)
     batches = epoch_batches(split, cfg.train.max_tokens, cfg.model.max_len, cfg.train.seed, position["epoch"])
     return position["epoch"] + position["batch"] / len(batches)
 
