@@ -8,7 +8,12 @@ keep-alive connections, the leanest client Python has). Offline: the same senten
 `translate_lines` in this process, the model loaded; and one sentence at a time, for the latency of a lone
 request. Loopback only; bounded in requests.
 
+The machine is shared and noisy, so everything is measured `--rounds` times, each round offline and then every
+server and concurrency once (a fresh server each time); the report gives each figure's median over the rounds,
+its range, and the medians of the per-round ratios to offline (`vs_offline`).
+
     python benchmarks/serve_load.py CHECKPOINT [--ct2 EXPORT_DIR] [--sentences 500] [--concurrency 1,8,64]
+                                    [--rounds 3]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ def main() -> None:
     parser.add_argument("--mirror", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--concurrency", default="1,8,64")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ct2-server", type=Path, help=argparse.SUPPRESS)  # run the per-request CTranslate2 server
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -48,17 +54,21 @@ def main() -> None:
     src = loaded.state["langs"]["src"]
     with gzip.open(args.mirror / "multi30k" / f"test_2016_flickr.{src}.gz", "rt", encoding="utf-8") as f:
         sentences = f.read().splitlines()[:args.sentences]
-    report = {"sentences": len(sentences), "offline": offline(loaded, sentences)}
-    expected = report["offline"].pop("texts")
     servers = {"mt serve": ["-m", "mt", "serve", str(args.checkpoint)],
                "mt serve --no-batching": ["-m", "mt", "serve", str(args.checkpoint), "--no-batching"]}
     if args.ct2:
         servers["CTranslate2, one call per request"] = [__file__, str(args.checkpoint), "--ct2-server", str(args.ct2)]
-    for name, command in servers.items():
-        report[name] = {}
-        for concurrency in map(int, args.concurrency.split(",")):
-            report[name][concurrency] = under_load(command, sentences, expected, concurrency)
-            print(f"{name}, concurrency {concurrency}: {report[name][concurrency]}", file=sys.stderr, flush=True)
+    rounds = []
+    for r in range(1, args.rounds + 1):
+        measured = {"offline": offline(loaded, sentences)}
+        expected = measured["offline"].pop("texts")
+        for name, command in servers.items():
+            for concurrency in map(int, args.concurrency.split(",")):
+                cell = f"{name}, concurrency {concurrency}"
+                measured[cell] = under_load(command, sentences, expected, concurrency)
+                print(f"round {r}, {cell}: {measured[cell]}", file=sys.stderr, flush=True)
+        rounds.append(measured)
+    report = {"sentences": len(sentences), "rounds": len(rounds), "median": medians(rounds), "each_round": rounds}
     json.dump(report, sys.stdout, indent=2)
     print()
 
@@ -79,6 +89,26 @@ def offline(loaded, sentences: list[str]) -> dict:
         alone.append(time.perf_counter() - started)
     return {"sentences_per_s": round(len(sentences) / batched, 1),
             "one_sentence_p50_ms": round(1000 * statistics.median(alone), 1), "texts": texts}
+
+
+def medians(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds and its range; for servers, also the median of the per-round ratios
+    of throughput and of p50 latency to offline's (the same round's)."""
+    out = {}
+    for key in rounds[0]:
+        out[key] = {}
+        for figure in rounds[0][key]:
+            values = [r[key][figure] for r in rounds]
+            out[key][figure] = statistics.median(values)
+            if len(rounds) > 1 and figure in ("sentences_per_s", "p50_ms", "one_sentence_p50_ms"):
+                out[key][figure + "_range"] = [min(values), max(values)]
+        if key != "offline":
+            out[key]["vs_offline"] = {
+                "throughput": round(statistics.median(r[key]["sentences_per_s"] / r["offline"]["sentences_per_s"]
+                                                      for r in rounds), 3),
+                "p50_vs_one_sentence": round(statistics.median(r[key]["p50_ms"] / r["offline"]["one_sentence_p50_ms"]
+                                                               for r in rounds), 3)}
+    return out
 
 
 def free_port() -> int:
