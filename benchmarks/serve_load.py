@@ -99,7 +99,7 @@ def medians(rounds: list[dict]) -> dict:
         out[key] = {}
         for figure in rounds[0][key]:
             values = [r[key][figure] for r in rounds]
-            out[key][figure] = statistics.median(values)
+            out[key][figure] = None if None in values else statistics.median(values)
             if len(rounds) > 1 and figure in ("sentences_per_s", "p50_ms", "one_sentence_p50_ms"):
                 out[key][figure + "_range"] = [min(values), max(values)]
         if key != "offline":
@@ -125,11 +125,13 @@ def under_load(command: list[str], sentences: list[str], expected: list[str], co
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, server)
         asyncio.run(send_all(url, sentences[:16], 4))  # warm-up, as offline
+        calls = model_calls(url)
         cpu = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
         latencies, texts = asyncio.run(send_all(url, sentences, concurrency))
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
+        calls = [b - a for a, b in zip(calls, model_calls(url), strict=True)]
     finally:
         server.terminate()
         server.wait(60)
@@ -139,7 +141,19 @@ def under_load(command: list[str], sentences: list[str], expected: list[str], co
             "p95_ms": round(percentile(ms, 95), 1), "p99_ms": round(percentile(ms, 99), 1),
             "answered": sum(t is not None for t in texts), "correct": sum(a == b for a, b in zip(texts, expected,
                                                                                                   strict=True)),
-            "load_generator_cpu_share": round(cpu_seconds / wall, 2)}
+            "load_generator_cpu_share": round(cpu_seconds / wall, 2),
+            "lines_per_model_call": round(calls[1] / calls[0], 1) if calls[0] else None}
+
+
+def model_calls(url: str) -> tuple[float, float]:
+    """Model calls and lines translated so far, from `mt serve`'s /metrics (zeros from a server without them)."""
+    metrics = httpx.get(url + "/metrics", timeout=10)
+    found = {"count": 0.0, "sum": 0.0}
+    for line in metrics.text.splitlines() if metrics.status_code == 200 else []:
+        for key in found:
+            if line.startswith(f"mt_batch_lines_{key}{{"):
+                found[key] += float(line.rsplit(" ", 1)[1])
+    return found["count"], found["sum"]
 
 
 def percentile(values: list[float], q: float) -> float:
