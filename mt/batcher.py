@@ -6,6 +6,12 @@ one call (mt/translate.py sorts them by length and batches them); each request t
 order. An idle worker starts on a lone request at once: there is no waiting window. A request whose caller gave up
 (timed out, disconnected) before the worker reached it is dropped unread.
 
+Just after a call, the callers it answered are often about to send their next request. Taking only what waits
+then splits a steady load of N clients into calls of about N/2, alternating, while a call's time grows far more
+slowly than its lines. So after a call the worker gives those callers up to `REFILL` of the call's own time to
+come back, and starts as soon as as many requests wait as were waiting or answered then, or the token budget is
+full. A lone client loses nothing: its next request meets the count on arrival.
+
 All of a model's PyTorch work runs on its worker thread, loading included: a second thread running parallel
 PyTorch ops starts a second OpenMP thread team, and the two teams fight over the cores (single-sentence
 translation ran 2.5x slower on 2 cores when the model was loaded on one thread and run on another).
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +31,7 @@ from mt.search import Hypothesis
 
 Settings = tuple[int, float, int]  # beam, length penalty, n best: what requests batched together must share
 Translate = Callable[[list[str], Settings], list[list[Hypothesis]]]
+REFILL = 0.25  # after a model call, how long to wait for its callers' next requests, as a share of the call's time
 
 
 class QueueFull(Exception):
@@ -114,15 +122,28 @@ class Batcher:
             return
         finally:
             self.started.set()
+        answered, took = 0, 0.0  # requests of the last model call, and its seconds
         while True:
             with self.ready:
+                self.refill(answered, took)
                 while not self.waiting and not self.stopping:
                     self.ready.wait()
                 if not self.waiting:
                     return
                 group = self.take()
             if group:
+                started = time.monotonic()
                 self.run(group)
+                answered, took = len(group), time.monotonic() - started
+
+    def refill(self, answered: int, took: float) -> None:
+        """With `ready` held: wait until the callers just answered have come back, for at most REFILL of the
+        last call's time (see the module's docstring)."""
+        want = min(len(self.waiting) + answered, self.max_waiting) if self.batch_tokens else 0  # 0: a request a call
+        until = time.monotonic() + REFILL * took
+        while len(self.waiting) < want and sum(p.tokens for p in self.waiting) < self.batch_tokens \
+                and not self.stopping and (left := until - time.monotonic()) > 0:
+            self.ready.wait(left)
 
     def take(self) -> list[Pending]:
         """The oldest live request and the waiting ones with its settings, within the token budget (the first
