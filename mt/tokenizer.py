@@ -14,6 +14,7 @@ import sentencepiece as spm
 from mt.errors import MtError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+FEW = 256  # below this many lines, a call per line: each list call of SentencePiece starts a thread pool
 
 
 class Tokenizer:
@@ -49,13 +50,17 @@ class Tokenizer:
         seeds each call's sampler from its global seed, set here, and samples on one thread to keep it so.
         """
         if alpha is None:
-            return self.sp.encode(list(lines), out_type=int)
+            lines = list(lines)
+            if len(lines) < FEW:
+                return [self.sp.encode(line, out_type=int) for line in lines]
+            return self.sp.encode(lines, out_type=int)
         spm.set_random_generator_seed(seed)
         return self.sp.encode(list(lines), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1,
                               num_threads=1)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        return self.sp.decode([[i for i in seq if i > EOS] for seq in ids])
+        seqs = [[i for i in seq if i > EOS] for seq in ids]
+        return [self.sp.decode(seq) for seq in seqs] if len(seqs) < FEW else self.sp.decode(seqs)
 
 
 def train_sentencepiece(

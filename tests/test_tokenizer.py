@@ -4,7 +4,7 @@ import pytest
 import sentencepiece as spm
 
 from mt.errors import MtError
-from mt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer, train_sentencepiece
+from mt.tokenizer import BOS, EOS, FEW, PAD, UNK, Tokenizer, train_sentencepiece
 
 LINES = ["the cat sat on the mat", "a dog runs under the big tree", "the small red cat jumps"]
 
@@ -15,6 +15,13 @@ def test_encode_gives_pieces_only_and_decode_inverts_it(tokenizer):
     assert tokenizer.decode(ids) == LINES
     # Special ids (as search output may hold them) are not text.
     assert tokenizer.decode([[BOS, *ids[0], EOS, PAD, PAD]]) == LINES[:1]
+
+
+def test_a_few_lines_and_many_are_encoded_and_decoded_alike(tokenizer):
+    many = [*LINES, ""] * (FEW // 4 + 1)  # past FEW: SentencePiece's list calls; below it, a call per line
+    ids = tokenizer.encode(many)
+    assert ids == [tokenizer.encode([line])[0] for line in many] and ids[3] == []
+    assert tokenizer.decode(ids) == many == [tokenizer.decode([seq])[0] for seq in ids]
 
 
 def test_special_ids_are_fixed_whatever_the_training_text(tmp_path):
