@@ -8,7 +8,6 @@ line per run, so runs can be compared.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from matplotlib.figure import Figure
 
 from mt.errors import MtError
 from mt.lines import check_output
+from mt.runlog import read_log
 
 FIGSIZE = (12, 8)  # inches; at DPI this is a 1200×800 PNG
 DPI = 100
@@ -32,29 +32,6 @@ PANELS = [
     ("target tokens / s", [("tgt_tok_per_s", "-", "")]),
 ]
 
-
-
-def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
-    """The records of a `log.jsonl`, sorted by step. Malformed lines (a run killed mid-write) are skipped.
-
-    A resumed run logs again the steps between its last checkpoint and the interruption; for each step and
-    kind of record the later one wins, since it belongs to the run that went on.
-    """
-    if not path.is_file():
-        raise MtError(f"{path}: not found; is {path.parent} a run directory written by `mt train`?")
-    latest: dict[tuple[int, bool], dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                key = (int(record["step"]), "valid_loss" in record)
-            except (ValueError, KeyError, TypeError) as e:
-                print(f"warning: {path}:{number}: skipped a malformed line ({type(e).__name__})", file=warn)
-                continue
-            latest[key] = record
-    return [latest[key] for key in sorted(latest)]
 
 
 def minutes(records: list[dict]) -> list[float]:

@@ -2,12 +2,13 @@
 
 `make recipe NAME=...` ends with `mt report`: it translates the prepared test split with the final checkpoint,
 scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`
-(its members' in an ensemble run), and writes `report.json` beside the checkpoint, atomically.
+and its speed from `log.jsonl` (its members' in an ensemble run), and writes `report.json` beside the checkpoint, atomically.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from mt.lines import read_text, write_lines
 from mt.members import member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
+from mt.runlog import read_log
 from mt.translate import Options, translate_stream
 
 
@@ -73,17 +75,25 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
 
 
 def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
-    """Minutes, steps and epochs of training, from the run's last.pt; an ensemble run's added up over its members,
-    which are listed too (mt/members.py)."""
-    members = []
+    """Minutes, steps and epochs of training, from the run's last.pt, and its median target tokens/s over the
+    log's intervals; an ensemble run's added up (the speed: over all intervals) over its members, which are listed
+    too (mt/members.py)."""
+    members, speeds = [], []
     for directory in member_dirs(run_dir) or [run_dir]:
         last = checkpoint.load(directory / checkpoint.LAST)
         position, cfg = last["train"]["position"], from_dict(last["config"])
+        speed = [r["tgt_tok_per_s"] for r in read_log(directory / "log.jsonl") if "tgt_tok_per_s" in r]
         members.append({"train_minutes": round(position["elapsed"] / 60, 1), "steps": position["step"],
-                        "epochs": round(epochs_trained(cfg, data_dir, position), 1), "seed": cfg.train.seed})
+                        "epochs": round(epochs_trained(cfg, data_dir, position), 1), "seed": cfg.train.seed,
+                        "tgt_tokens_per_s": median(speed)})
+        speeds += speed
     total = {key: round(sum(m[key] for m in members), 1) for key in ("train_minutes", "epochs")}
-    total["steps"] = sum(m["steps"] for m in members)
+    total |= {"steps": sum(m["steps"] for m in members), "tgt_tokens_per_s": median(speeds)}
     return total | ({"members": members} if len(members) > 1 else {})
+
+
+def median(values: list[float]) -> float | None:
+    return round(statistics.median(values)) if values else None
 
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:

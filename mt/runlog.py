@@ -1,4 +1,5 @@
-"""The run's log: log.jsonl (one JSON object per log interval or validation) and the lines on stderr."""
+"""The run's log: log.jsonl (one JSON object per log interval or validation), the lines on stderr, and reading it
+back (`mt plot`, `mt report`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 import yaml
@@ -15,6 +16,7 @@ from tqdm import tqdm
 
 from mt import distributed
 from mt.config import Config, to_dict
+from mt.errors import MtError
 
 if TYPE_CHECKING:
     from mt.trainstate import Position
@@ -92,3 +94,26 @@ class Interval:
                   "skipped_steps": self.skipped}
         self.loss, self.tokens, self.skipped, self.start = torch.zeros_like(self.loss), 0, 0, time.time()
         return report
+
+
+def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
+    """The records of a `log.jsonl`, sorted by step. Malformed lines (a run killed mid-write) are skipped.
+
+    A resumed run logs again the steps between its last checkpoint and the interruption; for each step and
+    kind of record the later one wins, since it belongs to the run that went on.
+    """
+    if not path.is_file():
+        raise MtError(f"{path}: not found; is {path.parent} a run directory written by `mt train`?")
+    latest: dict[tuple[int, bool], dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                key = (int(record["step"]), "valid_loss" in record)
+            except (ValueError, KeyError, TypeError) as e:
+                print(f"warning: {path}:{number}: skipped a malformed line ({type(e).__name__})", file=warn)
+                continue
+            latest[key] = record
+    return [latest[key] for key in sorted(latest)]

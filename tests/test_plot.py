@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 
 from mt.cli import app
 from mt.errors import MtError
-from mt.plot import DPI, FIGSIZE, minutes, plot_runs, read_log
+from mt.plot import DPI, FIGSIZE, minutes, plot_runs
+from mt.runlog import read_log
 
 from .test_train import prepared, small_config  # noqa: F401  (prepared is a fixture)
 

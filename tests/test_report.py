@@ -1,6 +1,7 @@
 """The report of a finished run: test scores with signatures, training time, steps and epochs, written once."""
 
 import json
+import statistics
 
 import pytest
 
@@ -10,6 +11,7 @@ from mt.evaluate import score
 from mt.lines import read_text
 from mt.prepare import prepare
 from mt.report import report_run
+from mt.runlog import read_log
 from mt.train import train
 
 from .conftest import write_corpus
@@ -40,6 +42,8 @@ def test_the_report_scores_the_test_split_and_is_written_beside_the_run(run):
     last = checkpoint.load(run / "last.pt")["train"]["position"]
     assert report["steps"] == last["step"] == 12
     assert last["epoch"] <= report["epochs"] <= last["epoch"] + 1  # whole epochs and a share of the current one
+    speeds = [r["tgt_tok_per_s"] for r in read_log(run / "log.jsonl") if "tgt_tok_per_s" in r]
+    assert len(speeds) >= 2 and report["tgt_tokens_per_s"] == round(statistics.median(speeds))
 
 
 def test_a_missing_final_checkpoint_says_how_to_make_it(run):
