@@ -42,16 +42,16 @@ def sentence_bleu(hyp: tuple[int, list[Counter]], ref: tuple[int, list[Counter]]
     return math.exp(min(0.0, 1 - ref_len / hyp_len) + log_precision / 4)
 
 
-def mbr_choice(units: list[list], logprobs: list[float], temperature: float) -> int:
-    stats = [counts(u) for u in units]
+def mbr_choice(stats: list[tuple[int, list[Counter]]], logprobs: list[float], temperature: float) -> int:
+    """The index of the hypothesis (its `counts`) of highest expected BLEU against the others."""
     if temperature == 0:
-        weights = [1.0] * len(units)
+        weights = [1.0] * len(stats)
     else:
         top = max(logprobs)
         weights = [math.exp((lp - top) / temperature) for lp in logprobs]
     gain = [sum(w * (1.0 if i == j else sentence_bleu(stats[i], stats[j])) for j, w in enumerate(weights))
-            for i in range(len(units))]
-    return max(range(len(units)), key=lambda i: gain[i])
+            for i in range(len(stats))]
+    return max(range(len(stats)), key=lambda i: gain[i])
 
 
 def main() -> None:
@@ -74,12 +74,12 @@ def main() -> None:
         hyps = translate_lines(loaded, sources, Options.from_config(decode, beam=k, nbest=k), cpu)
         texts = [loaded.tgt_tok.decode([h.tokens for h in hs]) if hs else [""] for hs in hyps]
         row = {"k-best search's best": bleu([t[0] for t in texts])}
+        stats = {"words": [[counts(words(t.lower()).split()) for t in ts] for ts in texts],  # once, for every T
+                 "pieces": [[counts(h.tokens) for h in hs] for hs in hyps]}
         for temperature in map(float, args.temperatures.split(",")):
             for unit in ("words", "pieces"):
-                chosen = []
-                for hs, ts in zip(hyps, texts, strict=True):
-                    units = [words(t.lower()).split() for t in ts] if unit == "words" else [h.tokens for h in hs]
-                    chosen.append(ts[mbr_choice(units, [h.logprob for h in hs], temperature)] if hs else "")
+                chosen = [ts[mbr_choice(st, [h.logprob for h in hs], temperature)] if hs else ""
+                          for hs, ts, st in zip(hyps, texts, stats[unit], strict=True)]
                 row[f"MBR {unit}, T {temperature:g}"] = bleu(chosen)
         print(f"beam {k}, len_penalty {decode.len_penalty}: {row}")
 
