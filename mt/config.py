@@ -66,6 +66,9 @@ class TrainConfig:
     # Models trained one after another in the run, as one ensemble (mt/members.py): seeds seed, seed + 1000, ...,
     # each for max_minutes / members; `mt average` averages each and joins them (`mt ensemble`). 1: one model
     members: int = 1
+    # The share of each member's training that the members have in common: a trunk trains that long, then each
+    # member goes on from it with its own seed (data order, dropout) and its own cooldown; 0: independent members
+    shared: float = 0.0
     valid_every: int = 1000  # steps between validations (and checkpoints)
     keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
     max_bad_steps: int = 10  # non-finite steps in a row (each skipped) before training stops as diverged
@@ -131,8 +134,8 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
 
     if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
         for item in overrides:
-            if item.strip().startswith(("model.", "train.members", "train.seed")):
-                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members and seeds")
+            if item.strip().startswith(("model.", "train.members", "train.seed", "train.shared")):
+                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds and trunk")
         return load_config(Path(out_dir) / "config.yaml", overrides)
     last_path = Path(out_dir) / checkpoint.LAST
     if not last_path.is_file() and not checkpoint.numbered(out_dir):
@@ -196,7 +199,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
-                 "train.word_dropout", "train.cooldown", "train.beta1", "train.beta2")
+                 "train.word_dropout", "train.cooldown", "train.shared", "train.beta1", "train.beta2")
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
@@ -210,6 +213,8 @@ def validate(cfg: Config) -> None:
             raise MtError(f"{key}={flat[key]}: must be at least {least}")
     if not 0 <= cfg.decode.len_penalty <= 10:  # GNMT's alpha: 0 to 2 in practice; far beyond it overflows
         raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
+    if cfg.train.shared and cfg.train.members < 2:
+        raise MtError(f"train.shared={cfg.train.shared}: the members share a trunk; set train.members to 2 or more")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

@@ -6,13 +6,21 @@ run directory (last.pt, numbered checkpoints, best.pt, log.jsonl). Member i trai
 `max_epochs` hold for each member. `--resume` resumes the members that have started (a finished one stops at
 once) and starts the others. `mt average RUN` averages each member's checkpoints into its `final.pt` and joins
 those into one ensemble checkpoint (mt/ensemble.py); `mt report RUN` adds up the members' training.
+
+With `train.shared: f`, the members have the first f of their training in common: `trunk/`, an ordinary run
+with member 1's seed and no cooldown, trains for f of a member's budget; each member then starts as a copy of
+its last.pt and resumes it (optimizer, schedule and all) with its own seed, so from there on its data order and
+dropout are its own, and its cooldown ends its own budget. Member 1 is the run the trunk would have gone on to
+be. N members then cost f + N * (1 - f) members' time: a member's budget is the run's divided by that.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,7 @@ from mt.runlock import writing_into
 from mt.stopping import TrainInterrupted
 
 SEED_STRIDE = 1000  # member i's seed: train.seed + SEED_STRIDE * (i - 1), apart from any other recipe seed's
+TRUNK = "trunk"  # the run directory of the members' shared first part (train.shared)
 _MEMBER = re.compile(r"member-(\d+)")
 
 
@@ -41,10 +50,21 @@ def member_dirs(run_dir: str | Path) -> list[Path]:
 def member_config(cfg: Config, i: int) -> Config:
     """The config member `i` (1-based) trains with: its seed, its share of the time, one model."""
     member = copy.deepcopy(cfg)
-    member.train.members = 1
+    member.train.members, member.train.shared = 1, 0.0
     member.train.seed = cfg.train.seed + SEED_STRIDE * (i - 1)
-    member.train.max_minutes = cfg.train.max_minutes / cfg.train.members
+    member.train.max_minutes = cfg.train.max_minutes / (cfg.train.shared + cfg.train.members * (1 - cfg.train.shared))
     return member
+
+
+def trunk_config(cfg: Config) -> Config:
+    """The config of the members' shared trunk: member 1's, for `train.shared` of each of its budgets, and no
+    cooldown (each member cools down at the end of its own budget)."""
+    trunk, shared = member_config(cfg, 1), cfg.train.shared
+    trunk.train.max_minutes *= shared
+    trunk.train.max_steps = max(1, round(shared * trunk.train.max_steps))
+    trunk.train.max_epochs = math.ceil(shared * trunk.train.max_epochs)
+    trunk.train.cooldown = 0.0
+    return trunk
 
 
 def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[..., dict], **options: Any
@@ -60,17 +80,40 @@ def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[
         write_lines(out_dir / "config.yaml", [yaml.safe_dump(to_dict(cfg), sort_keys=False)])
     metrics: dict = {}
     distributed.start(pick_device(cfg.train.device))  # under torchrun, one process group for every member
+    directories = [out_dir / f"member-{i}" for i in range(1, cfg.train.members + 1)]
     try:
-        for i in range(1, cfg.train.members + 1):
-            directory = out_dir / f"member-{i}"
-            started = (directory / checkpoint.LAST).is_file() or bool(checkpoint.numbered(directory))
-            try:
-                metrics = train_one(member_config(cfg, i), directory, resume=started, **options)
-            except TrainInterrupted as stop:  # the command it prints must continue the whole run, not one member
-                raise TrainInterrupted(str(stop).replace(f"--out {directory}", f"--out {out_dir}")) from None
+        if cfg.train.shared and not all(map(started, directories)):
+            train_resumable(train_one, trunk_config(cfg), out_dir / TRUNK, out_dir, **options)
+        for i, directory in enumerate(directories, 1):
+            if cfg.train.shared and not started(directory):
+                branch(out_dir / TRUNK, directory)
+            metrics = train_resumable(train_one, member_config(cfg, i), directory, out_dir, **options)
     finally:
         distributed.stop()
     return metrics
+
+
+def started(directory: Path) -> bool:
+    return (directory / checkpoint.LAST).is_file() or bool(checkpoint.numbered(directory))
+
+
+def train_resumable(train_one: Callable[..., dict], cfg: Config, directory: Path, out_dir: Path, **options: Any
+                    ) -> dict:
+    """`train_one` into `directory`, resuming what it holds; on Ctrl-C, says how to continue the whole run."""
+    try:
+        return train_one(cfg, directory, resume=started(directory), **options)
+    except TrainInterrupted as stop:  # the command it prints must continue the whole run, not one member
+        raise TrainInterrupted(str(stop).replace(f"--out {directory}", f"--out {out_dir}")) from None
+
+
+def branch(trunk: Path, directory: Path) -> None:
+    """Start a member as a copy of the trunk's last.pt (written by one process, under a temporary name)."""
+    if distributed.rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f".{checkpoint.LAST}.partial"
+        shutil.copyfile(trunk / checkpoint.LAST, partial)
+        os.replace(partial, directory / checkpoint.LAST)
+    distributed.barrier()
 
 
 def average_members(run_dir: Path, out: Path, average_one: Callable[[Path, Path], tuple[dict, list[dict]]]

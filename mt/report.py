@@ -22,7 +22,7 @@ from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
 from mt.lines import read_text, write_lines
-from mt.members import member_dirs
+from mt.members import TRUNK, member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
 from mt.runlog import read_log
@@ -77,19 +77,27 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
 def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
     """Minutes, steps and epochs of training, from the run's last.pt, and its median target tokens/s over the
     log's intervals; an ensemble run's added up (the speed: over all intervals) over its members, which are listed
-    too (mt/members.py)."""
-    members, speeds = [], []
-    for directory in member_dirs(run_dir) or [run_dir]:
-        last = checkpoint.load(directory / checkpoint.LAST)
-        position, cfg = last["train"]["position"], from_dict(last["config"])
-        speed = [r["tgt_tok_per_s"] for r in read_log(directory / "log.jsonl") if "tgt_tok_per_s" in r]
-        members.append({"train_minutes": round(position["elapsed"] / 60, 1), "steps": position["step"],
-                        "epochs": round(epochs_trained(cfg, data_dir, position), 1), "seed": cfg.train.seed,
-                        "tgt_tokens_per_s": median(speed)})
-        speeds += speed
-    total = {key: round(sum(m[key] for m in members), 1) for key in ("train_minutes", "epochs")}
-    total |= {"steps": sum(m["steps"] for m in members), "tgt_tokens_per_s": median(speeds)}
-    return total | ({"members": members} if len(members) > 1 else {})
+    too (mt/members.py). Members that share a trunk count it once: each lists its own training after it."""
+    trunk = Path(run_dir) / TRUNK
+    start = trained(trunk, data_dir) if (trunk / checkpoint.LAST).is_file() else None
+    members = [trained(directory, data_dir, start) for directory in member_dirs(run_dir) or [run_dir]]
+    parts = members + ([start] if start else [])
+    total = {key: round(sum(m[key] for m in parts), 1) for key in ("train_minutes", "epochs")}
+    total |= {"steps": sum(m["steps"] for m in parts),
+              "tgt_tokens_per_s": median([speed for m in parts for speed in m.pop("speeds")])}
+    return total | ({"members": members} if len(members) > 1 else {}) | ({"trunk": start} if start else {})
+
+
+def trained(directory: Path, data_dir: Path, start: dict | None = None) -> dict[str, Any]:
+    """One model's training, from `directory`'s last.pt and log, less the trunk's (`start`) it went on from."""
+    last = checkpoint.load(directory / checkpoint.LAST)
+    position, cfg = last["train"]["position"], from_dict(last["config"])
+    speeds = [r["tgt_tok_per_s"] for r in read_log(directory / "log.jsonl") if "tgt_tok_per_s" in r]
+    before = start or {"train_minutes": 0, "steps": 0, "epochs": 0}
+    return {"train_minutes": round(position["elapsed"] / 60 - before["train_minutes"], 1),
+            "steps": position["step"] - before["steps"],
+            "epochs": round(epochs_trained(cfg, data_dir, position) - before["epochs"], 1), "seed": cfg.train.seed,
+            "tgt_tokens_per_s": median(speeds), "speeds": speeds}
 
 
 def median(values: list[float]) -> float | None:
