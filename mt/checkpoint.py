@@ -90,7 +90,7 @@ def save_last(state: dict[str, Any], run_dir: str | Path, keep: int) -> Path:
     last = run_dir / LAST
     save(state, last)
     if keep > 0:
-        _link_or_copy(last, run_dir / f"checkpoint-{state['step']}.pt")
+        link_or_copy(last, run_dir / f"checkpoint-{state['step']}.pt")
     newer = [p for step, p in numbered(run_dir) if step > state["step"]]
     older = [p for step, p in numbered(run_dir) if step <= state["step"]][keep:]
     for p in newer + older:
@@ -169,7 +169,7 @@ def restore_rng(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
     """Make `dst` a hard link to `src` (a copy where links are not supported), atomically replacing any `dst`."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)

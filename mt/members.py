@@ -20,7 +20,6 @@ import copy
 import math
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -107,12 +106,10 @@ def train_resumable(train_one: Callable[..., dict], cfg: Config, directory: Path
 
 
 def branch(trunk: Path, directory: Path) -> None:
-    """Start a member as a copy of the trunk's last.pt (written by one process, under a temporary name)."""
+    """Start a member from the trunk's last.pt (linked by one process; saving replaces the link, not the file)."""
     if distributed.rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        partial = directory / f".{checkpoint.LAST}.partial"
-        shutil.copyfile(trunk / checkpoint.LAST, partial)
-        os.replace(partial, directory / checkpoint.LAST)
+        checkpoint.link_or_copy(trunk / checkpoint.LAST, directory / checkpoint.LAST)
     distributed.barrier()
 
 

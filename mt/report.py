@@ -79,17 +79,21 @@ def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
     log's intervals; an ensemble run's added up (the speed: over all intervals) over its members, which are listed
     too (mt/members.py). Members that share a trunk count it once: each lists its own training after it."""
     trunk = Path(run_dir) / TRUNK
-    start = trained(trunk, data_dir) if (trunk / checkpoint.LAST).is_file() else None
-    members = [trained(directory, data_dir, start) for directory in member_dirs(run_dir) or [run_dir]]
+    start, speeds = trained(trunk, data_dir) if (trunk / checkpoint.LAST).is_file() else (None, [])
+    members = []
+    for directory in member_dirs(run_dir) or [run_dir]:
+        member, speed = trained(directory, data_dir, start)
+        members.append(member)
+        speeds += speed
     parts = members + ([start] if start else [])
     total = {key: round(sum(m[key] for m in parts), 1) for key in ("train_minutes", "epochs")}
-    total |= {"steps": sum(m["steps"] for m in parts),
-              "tgt_tokens_per_s": median([speed for m in parts for speed in m.pop("speeds")])}
+    total |= {"steps": sum(m["steps"] for m in parts), "tgt_tokens_per_s": median(speeds)}
     return total | ({"members": members} if len(members) > 1 else {}) | ({"trunk": start} if start else {})
 
 
-def trained(directory: Path, data_dir: Path, start: dict | None = None) -> dict[str, Any]:
-    """One model's training, from `directory`'s last.pt and log, less the trunk's (`start`) it went on from."""
+def trained(directory: Path, data_dir: Path, start: dict | None = None) -> tuple[dict[str, Any], list[float]]:
+    """One model's training, from `directory`'s last.pt, less the trunk's (`start`) it went on from; and the
+    tokens/s of its log's intervals."""
     last = checkpoint.load(directory / checkpoint.LAST)
     position, cfg = last["train"]["position"], from_dict(last["config"])
     speeds = [r["tgt_tok_per_s"] for r in read_log(directory / "log.jsonl") if "tgt_tok_per_s" in r]
@@ -97,7 +101,7 @@ def trained(directory: Path, data_dir: Path, start: dict | None = None) -> dict[
     return {"train_minutes": round(position["elapsed"] / 60 - before["train_minutes"], 1),
             "steps": position["step"] - before["steps"],
             "epochs": round(epochs_trained(cfg, data_dir, position) - before["epochs"], 1), "seed": cfg.train.seed,
-            "tgt_tokens_per_s": median(speeds), "speeds": speeds}
+            "tgt_tokens_per_s": median(speeds)}, speeds
 
 
 def median(values: list[float]) -> float | None:
