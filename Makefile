@@ -42,10 +42,13 @@ demo: install
 # continue an interrupted run), average the last checkpoints (how many: chosen on valid), choose beam and length penalty on valid, report on
 # test. Leaves runs/NAME/final.pt and runs/NAME/report.json. SEED=N trains with another seed into runs/NAME_sN.
 # A config with train.members: N trains N models into runs/NAME/member-*, and final.pt is their ensemble.
+# NAME=CORPUS_SRC_TGT_both: one model of both directions (train.two_way); also final.TGT-SRC.pt, report.TGT-SRC.json.
 NAME   ?= multi30k_de_en
 SEED   ?= 1
 AVERAGE ?= 1,2,4,8
 LANGS  = $(subst _, ,$(NAME))
+TWO_WAY = $(filter both,$(word 4,$(LANGS)))
+BACK    = $(word 3,$(LANGS))-$(word 2,$(LANGS))
 RECIPE_RUN = runs/$(NAME)$(if $(filter-out 1,$(SEED)),_s$(SEED))
 # On a CPU, one single-thread process per core, each taking an equal share of the config's batch (train.max_tokens):
 # more steps an hour than one process on all the cores. PROCS=1 trains in one process, as on a GPU (nvidia-smi found).
@@ -56,15 +59,17 @@ SPLIT   = $(if $(filter 1,$(PROCS)),,--set train.max_tokens=$(SHARE) --set train
 
 recipe: install
 	@test -f configs/$(NAME).yaml || { echo "no configs/$(NAME).yaml"; exit 2; }
-	@test -z "$(word 4,$(LANGS))" -a -n "$(word 3,$(LANGS))" || \
-		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de)"; exit 2; }
+	@test -z "$(word 5,$(LANGS))" -a -n "$(word 3,$(LANGS))" -a "$(word 4,$(LANGS))" = "$(TWO_WAY)" || \
+		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de), or CORPUS_SRC_TGT_both"; exit 2; }
 	test -f data/prepared/$(NAME)/meta.json || $(BIN)/mt prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
-		--tgt $(word 3,$(LANGS)) --out data/prepared/$(NAME)
+		--tgt $(word 3,$(LANGS)) $(if $(TWO_WAY),--two-way) --out data/prepared/$(NAME)
 	if [ -n "$$(ls -d $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt $(RECIPE_RUN)/member-* 2>/dev/null)" ]; then $(TRAIN) --resume --out $(RECIPE_RUN); \
 	else $(TRAIN) configs/$(NAME).yaml --out $(RECIPE_RUN) --set train.seed=$(SEED) $(SPLIT); fi
 	$(BIN)/mt average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
 	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
 	$(BIN)/mt report $(RECIPE_RUN)
+	$(if $(TWO_WAY),$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --to $(word 2,$(LANGS)) --out $(RECIPE_RUN)/final.$(BACK).pt)
+	$(if $(TWO_WAY),$(BIN)/mt report $(RECIPE_RUN) --checkpoint $(RECIPE_RUN)/final.$(BACK).pt)
 
 # The standard grids, one process per setting; rewrite the benchmark tables (translation, training) in docs/.
 bench: install

@@ -2,7 +2,8 @@
 
 A checkpoint is a plain dict saved with `torch.save`:
   model: state_dict (an ensemble has `members` instead, a state_dict each: mt/ensemble.py) ·
-  config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} · langs: {"src": "de", "tgt": "en"} ·
+  config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} · langs: {"src": "de", "tgt": "en"}
+  (a two-way model's, train.two_way: the direction it translates; `towards` turns it) ·
   step · metrics · init: {"from": path, "step": N} in a fine-tuned run's ·
   and, in the resumable checkpoints only, `train`: optimizer, scaler, position (step, epoch, batch, elapsed,
   validations_since_best), best_score, rng, world_size. (Earlier versions wrote `best_bleu` and `stale` for
@@ -21,7 +22,7 @@ import random
 import re
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -244,10 +245,25 @@ class Loaded:
     tgt_tok: Tokenizer
     state: dict[str, Any]
     parameters: int = 0  # the trained model's, counted before any fast path replaced its layers
+    lead: list[int] = field(default_factory=list)  # what leads every source: a two-way model's target tag
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
-    return from_state(load(path), device, precision)
+def towards(state: dict[str, Any], lang: str | None, path: str | Path = "the checkpoint") -> dict[str, Any]:
+    """`state` set to translate into `lang` (None: as it is): a two-way model (train.two_way) turns to its other
+    direction; any model already going there stays; anything else is an error that says which directions exist."""
+    langs, two_way = state.get("langs") or {}, (state["config"].get("train") or {}).get("two_way")
+    if lang is None or lang == langs.get("tgt"):
+        return state
+    if two_way and lang == langs.get("src"):
+        return {**state, "langs": {"src": langs["tgt"], "tgt": langs["src"]}}
+    ways = f"{langs.get('src')}→{langs.get('tgt')}" + (f" and {langs.get('tgt')}→{langs.get('src')}" if two_way else "")
+    raise MtError(f"{path} translates {ways}, not into {lang!r}; train one model of both directions with "
+                  "`mt prepare --two-way` and train.two_way")
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu", precision: str | None = "fp32",
+               to: str | None = None) -> Loaded:
+    return from_state(towards(load(path), to, path), device, precision)
 
 
 def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
@@ -259,7 +275,9 @@ def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precis
     members = [built(cfg, one, device, precision) for one in state.get("members") or [state["model"]]]
     parameters = sum(count for _, count in members)
     model = Ensemble([m for m, _ in members]) if "members" in state else members[0][0]
-    return Loaded(model, cfg, Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"]), state, parameters)
+    src_tok = Tokenizer(state["spm"]["src"])
+    lead = [src_tok.tag_id(state["langs"]["tgt"])] if cfg.train.two_way else []
+    return Loaded(model, cfg, src_tok, Tokenizer(state["spm"]["tgt"]), state, parameters, lead)
 
 
 def built(cfg: Config, state_dict: dict[str, Any], device: torch.device | str, precision: str | None

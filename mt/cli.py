@@ -83,6 +83,7 @@ def prepare(
     subword_samples: Annotated[int, typer.Option(min=0, help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. Pays off only with long training; the one-hour recipes leave it off. 0: off.")] = PREPARE.subword_samples,
     subword_alpha: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = PREPARE.subword_alpha,
     tokenizer: Annotated[Path | None, typer.Option(help="Encode with the vocabulary of this mt checkpoint (or SentencePiece .model) instead of training one: data to fine-tune that model on.")] = None,
+    two_way: Annotated[bool, typer.Option(help="Add a tag per language (>>de<<, >>en<<) to the vocabulary, for one model of both directions (train.two_way).")] = PREPARE.two_way,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
@@ -91,7 +92,8 @@ def prepare(
         out, src, tgt, corpus=corpus, train=train, valid=valid, test=test, mirror=mirror, vocab_size=vocab_size,
         joint=not separate_vocab, model_type=model_type, spm_sentences=spm_sentences, max_words=max_words,
         max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup, encoding_errors=encoding_errors,
-        subword_samples=subword_samples, subword_alpha=subword_alpha, tokenizer=tokenizer, progress=not quiet)
+        subword_samples=subword_samples, subword_alpha=subword_alpha, tokenizer=tokenizer, two_way=two_way,
+        progress=not quiet)
     typer.echo(mt.prepare.summary(meta))
     typer.echo(f"wrote {out}")
 
@@ -142,6 +144,7 @@ def translate(
     layer: Annotated[int | None, typer.Option(min=0, help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
     head: Annotated[int | None, typer.Option(min=0, help="With --layer: this attention head, 0-based [default: the mean of all heads].")] = None,
     engine: Annotated[Literal["auto", "mt", "ctranslate2"], typer.Option(help="mt (a checkpoint), ctranslate2 (an exported directory), or auto: whichever --checkpoint is.")] = TranslateRequest.engine,
+    to: Annotated[str | None, typer.Option(help="Target language: a two-way model's (train.two_way) other direction, e.g. --to en [default: the checkpoint's].")] = None,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order.
 
@@ -153,7 +156,7 @@ def translate(
     run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                          batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
                          encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                         head=head, engine=engine))
+                         head=head, engine=engine, to=to))
 
 
 @app.command()
@@ -251,10 +254,12 @@ def tune(
     beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_BEAMS)),
     len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
+    to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, e.g. --to en: --out then translates into it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
-    results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet)
+    results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
+                                      to=to)
     typer.echo(mt.tune.summary(results, out))
 
 

@@ -59,6 +59,9 @@ class TrainConfig:
     # Bidirectional training (BiT, Ding et al. 2021): the first N epochs read each pair both ways, source to target
     # and target to source (epochs twice as long), then as written; needs a joint vocabulary. 0: off
     both_ways_epochs: int = 0
+    # One model for both directions: every epoch reads each pair both ways, each source led by the tag of the
+    # language it is to be translated into (>>de<<); needs data prepared with `mt prepare --two-way`
+    two_way: bool = False
     clip_norm: float = 0.0  # 0: no clipping
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
@@ -215,6 +218,10 @@ def validate(cfg: Config) -> None:
         raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
     if cfg.train.shared and cfg.train.members < 2:
         raise MtError(f"train.shared={cfg.train.shared}: the members share a trunk; set train.members to 2 or more")
+    if cfg.train.two_way and cfg.train.both_ways_epochs:
+        raise MtError(f"train.two_way reads every epoch both ways, with tags; train.both_ways_epochs="
+                      f"{cfg.train.both_ways_epochs} (the first epochs both ways, untagged) goes with one-way runs: "
+                      "set it to 0")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

@@ -60,38 +60,90 @@ class Split:
         return self.tgt_ids[self.tgt_off[i]:self.tgt_off[i + 1]]
 
 
-def train_splits(data_dir: str | Path) -> list[Split]:
+def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | BothWays]:
     """The training data as the epochs take it in turn (epoch e: item e mod N): the copies segmented by sampling
-    that `mt prepare --subword-samples N` wrote, or else the one split of best segmentations."""
+    that `mt prepare --subword-samples N` wrote, or else the one split of best segmentations; for a two-way
+    model (`train.two_way`), each read both ways with its tags."""
     data_dir = Path(data_dir)
     copies: list[Split] = []
     while (data_dir / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
         copies.append(Split(data_dir, f"train-sample{len(copies) + 1}"))
-    return copies or [Split(data_dir, "train")]
+    splits = copies or [Split(data_dir, "train")]
+    return [BothWays(split, tags(data_dir)) for split in splits] if two_way else splits
+
+
+def valid_split(data_dir: str | Path, two_way: bool = False) -> Split | Tagged:
+    """The validation pairs as the model reads them: a two-way model's sources led by the target's tag."""
+    split = Split(data_dir, "valid")
+    return Tagged(split, tags(data_dir)[0]) if two_way else split
+
+
+def tags(data_dir: str | Path) -> tuple[int, int]:
+    """The ids of the target's tag and the source's, for data prepared with `mt prepare --two-way`."""
+    meta = json.loads((Path(data_dir) / "meta.json").read_text(encoding="utf-8"))
+    by_lang = (meta.get("tokenizer") or {}).get("tags") or {}
+    if not by_lang:
+        raise MtError(f"train.two_way: {data_dir} has no language tags; prepare it with `mt prepare ... --two-way`")
+    return by_lang[meta["tgt"]], by_lang[meta["src"]]
+
+
+def text_files(data_dir: str | Path, split: str, langs: dict | None) -> tuple[Path, Path]:
+    """The (source, reference) text files of a split for a model going `langs` ({"src", "tgt"}): as prepared,
+    or swapped for a two-way model's other direction."""
+    data_dir = Path(data_dir)
+    src, tgt = data_dir / f"{split}.src.txt", data_dir / f"{split}.tgt.txt"
+    meta_path = data_dir / "meta.json"
+    if langs and meta_path.is_file():
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if (langs.get("src"), langs.get("tgt")) == (meta.get("tgt"), meta.get("src")):
+            return tgt, src
+    return src, tgt
 
 
 class BothWays:
-    """A split read both ways, as a `Split`: its pairs as written, then each with source and target swapped."""
+    """A split read both ways, as a `Split`: its pairs as written, then each with source and target swapped.
+    With `tags` (target's, source's), every source is led by the tag of the language it goes to."""
 
-    def __init__(self, split: Split):
+    def __init__(self, split: Split, tags: tuple[int, int] | None = None):
         self.split, self.n, self.name = split, len(split), f"{split.name}, both ways"
+        self.lead = [np.array([tag], dtype=split.src_ids.dtype) for tag in tags] if tags else None
 
     def __len__(self) -> int:
         return 2 * self.n
 
     @property
     def src_lens(self) -> np.ndarray:
-        return np.concatenate([self.split.src_lens, self.split.tgt_lens])
+        extra = 1 if self.lead else 0
+        return np.concatenate([self.split.src_lens, self.split.tgt_lens]) + extra
 
     @property
     def tgt_lens(self) -> np.ndarray:
         return np.concatenate([self.split.tgt_lens, self.split.src_lens])
 
     def src(self, i: int) -> np.ndarray:
-        return self.split.src(i) if i < self.n else self.split.tgt(i - self.n)
+        ids = self.split.src(i) if i < self.n else self.split.tgt(i - self.n)
+        return np.concatenate((self.lead[int(i >= self.n)], ids)) if self.lead else ids
 
     def tgt(self, i: int) -> np.ndarray:
         return self.split.tgt(i) if i < self.n else self.split.src(i - self.n)
+
+
+class Tagged:
+    """A split, as a `Split`, whose every source is led by `tag`: a two-way model's data read one way."""
+
+    def __init__(self, split: Split, tag: int):
+        self.split, self.name, self.lead = split, split.name, np.array([tag], dtype=split.src_ids.dtype)
+        self.tgt_lens, self.tgt = split.tgt_lens, split.tgt
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    @property
+    def src_lens(self) -> np.ndarray:
+        return self.split.src_lens + 1
+
+    def src(self, i: int) -> np.ndarray:
+        return np.concatenate((self.lead, self.split.src(i)))
 
 
 def epoch_split(splits: list[Split], epoch: int, both_ways_epochs: int = 0) -> Split | BothWays:
@@ -123,6 +175,11 @@ def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) 
         setattr(model_cfg, key, have)
     if model_cfg.share_embeddings and not joint:
         model_cfg.share_embeddings = False  # separate vocabularies cannot share one table
+    if cfg.train.two_way and not joint:
+        raise MtError(f"train.two_way: one model for both directions needs one joint vocabulary: prepare {cfg.data} "
+                      "with --two-way and without --separate-vocab")
+    if cfg.train.two_way:
+        tags(cfg.data)  # raises, saying how to prepare the data, where it has none
     if cfg.train.both_ways_epochs and not joint:
         raise MtError(f"train.both_ways_epochs={cfg.train.both_ways_epochs} also reads each pair target to "
                       f"source, which needs one joint vocabulary: prepare {cfg.data} without --separate-vocab")

@@ -32,6 +32,9 @@ def export(source: str | Path, to: str, out: str | Path, quantization: str = "fl
         raise MtError(f"--out {out}: exists and is not empty; choose another directory, or --force to replace it")
     state = checkpoint.load(source)
     checkpoint.weights(state, source, f"--to {to}")  # CTranslate2 and Marian models are one model each
+    if (state["config"].get("train") or {}).get("two_way"):  # its engine would not know to lead with the tag
+        raise MtError(f"{source}: a two-way model (train.two_way) reads a target tag before each source, which "
+                      f"--to {to} does not write yet; export a model of one direction")
     writer = target_module(to)
     if quantization not in writer.QUANTIZATIONS:
         raise MtError(f"--quantization {quantization}: not for --to {to}; choose one of "

@@ -24,6 +24,7 @@ def describe(checkpoint_path: str | Path) -> dict[str, Any]:
     return {
         "checkpoint": str(checkpoint_path),
         "languages": {"src": langs.get("src"), "tgt": langs.get("tgt")},
+        "two_way": loaded.config.train.two_way,  # also translates tgt → src (`mt translate --to SRC`)
         "step": state.get("step"),
         "parameters": loaded.parameters,
         "architecture": {key: model_cfg[key] for key in ARCHITECTURE if key in model_cfg},
@@ -46,7 +47,8 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
     src, tgt = d["languages"]["src"], d["languages"]["tgt"]
     rows: list[tuple[str, str]] = [
         ("checkpoint", d["checkpoint"]),
-        ("languages", f"{src or '?'} → {tgt or '?'}"),
+        ("languages", f"{src or '?'} → {tgt or '?'}" + (f" (two-way: --to {src} translates {tgt} → {src})"
+                                                       if d.get("two_way") else "")),
         ("step", "?" if d["step"] is None else f"{d['step']:,}"),
         ("parameters", f"{d['parameters']:,}"),
         ("vocabulary", f"{vocab['src']:,} source, {vocab['tgt']:,} target"

@@ -31,6 +31,7 @@ class TranslateRequest:
     layer: int | None = None  # of the attention: None is the mean of all decoder layers
     head: int | None = None  # within `layer`: None is the mean of its heads
     engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
+    to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
 
 
 @dataclass

@@ -43,7 +43,7 @@ from mt.corpus import (
 )
 from mt.errors import MtError
 from mt.lines import ENCODING_ERRORS, check_output_dir, read_lines
-from mt.tokenizer import Tokenizer, train_sentencepiece
+from mt.tokenizer import Tokenizer, tag, train_sentencepiece
 
 MODEL_TYPES = ("unigram", "bpe")
 SIDES = ("src", "tgt")
@@ -69,6 +69,8 @@ class Options:
     subword_alpha: float = 0.3
     # A checkpoint or SentencePiece .model whose vocabulary to encode with, instead of training one (to fine-tune).
     tokenizer: str | None = None
+    # Tags naming each target language (>>de<<), for one model of both directions (`train.two_way`).
+    two_way: bool = False
 
     def check(self) -> None:
         """Raise `MtError` for a setting that cannot work, before any slow work starts."""
@@ -85,6 +87,9 @@ class Options:
         if self.subword_samples < 0 or self.subword_samples and not 0 < self.subword_alpha <= 1:
             raise MtError(f"subword samples {self.subword_samples}, alpha {self.subword_alpha}: give samples >= 0 "
                           "and 0 < alpha <= 1 (e.g. --subword-samples 8 --subword-alpha 0.3)")
+        if self.two_way and not self.joint:
+            raise MtError("--two-way trains one model for both directions, which needs one joint vocabulary: "
+                          "drop --separate-vocab")
 
 
 def prepare(
@@ -94,7 +99,8 @@ def prepare(
     max_words: int = Options.max_words, max_ratio: float = Options.max_ratio,
     max_pieces: int = Options.max_pieces, dedup: bool = Options.dedup, spm_sentences: int = Options.spm_sentences,
     encoding_errors: str = Options.encoding_errors, subword_samples: int = Options.subword_samples,
-    subword_alpha: float = Options.subword_alpha, tokenizer: str | Path | None = None, progress: bool = True,
+    subword_alpha: float = Options.subword_alpha, tokenizer: str | Path | None = None,
+    two_way: bool = Options.two_way, progress: bool = True,
 ) -> dict:
     """Prepare `out_dir` for training `src` -> `tgt` and return the meta dict written to its meta.json.
 
@@ -106,11 +112,12 @@ def prepare(
     smoothness `subword_alpha` (repeatably: each draw is seeded), for training to take one per epoch in turn.
     `tokenizer` (an mt checkpoint or a SentencePiece .model) gives the vocabulary instead of training one, so that
     a trained model can go on training on this data; meta.json records where it came from and its sha256.
+    `two_way` adds a tag for each language to the vocabulary (`mt.tokenizer.tag`), for `train.two_way`.
     """
     options = Options(vocab_size=vocab_size, joint=joint, model_type=model_type, spm_sentences=spm_sentences,
                       max_words=max_words, max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup,
                       encoding_errors=encoding_errors, subword_samples=subword_samples, subword_alpha=subword_alpha,
-                      tokenizer=str(tokenizer) if tokenizer is not None else None)
+                      tokenizer=str(tokenizer) if tokenizer is not None else None, two_way=two_way)
     out_dir = Path(out_dir).absolute()
     if src == tgt:
         raise MtError(f"source and target language are both {src!r}")
@@ -165,8 +172,9 @@ def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str,
     if counts.kept == 0:
         raise MtError(f"no training pairs left after cleaning: {counts.as_dict()}")
 
-    model_files = _vocabulary(tmp, options)
+    model_files = _vocabulary(tmp, options, [tag(tgt), tag(src)] if options.two_way else [])
     tokenizers = {side: Tokenizer.load(tmp / model_files[side]) for side in SIDES}
+    tags = {lang: tokenizers["src"].tag_id(lang) for lang in (tgt, src)} if options.two_way else {}
     splits, samples = {}, None
     for split in sources:
         train_split = split == "train"
@@ -179,14 +187,14 @@ def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str,
         (tmp / f"train.{side}.txt").unlink()
     if counts.kept == 0:
         raise MtError(f"no training pair has at most {options.max_pieces} pieces a side: {counts.as_dict()}")
-    meta = _meta(src, tgt, corpus, sources, options, tokenizers, model_files, splits, samples, counts)
+    meta = _meta(src, tgt, corpus, sources, options, tokenizers, model_files, splits, samples, counts, tags)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return meta
 
 
 def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
           tokenizers: dict[str, Tokenizer], model_files: dict[str, str], splits: dict, samples: dict | None,
-          counts: CleanCounts) -> dict:
+          counts: CleanCounts, tags: dict[str, int]) -> dict:
     """meta.json: what was read, what was removed and why, the vocabulary, per-split sizes."""
     sampling = {"samples": options.subword_samples, "alpha": options.subword_alpha, **samples} if samples else None
     joint = model_files["src"] == model_files["tgt"]
@@ -206,6 +214,7 @@ def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], op
             "tgt": model_files["tgt"],
             "from": options.tokenizer,  # None: trained here
             "sha256": {side: hashlib.sha256(tokenizers[side].model_proto).hexdigest() for side in SIDES},
+            "tags": tags,  # language -> id of its tag: the data serves a model of both directions
         },
         "splits": splits,
         "subword_sampling": sampling,
@@ -229,6 +238,8 @@ def summary(meta: dict) -> str:
         vocab = f"joint {kind} vocabulary of {meta['vocab_size']:,} pieces"
     else:
         vocab = f"separate {kind} vocabularies of {meta['src_vocab_size']:,} (src) and {meta['tgt_vocab_size']:,} (tgt) pieces"
+    if tags := meta["tokenizer"].get("tags"):
+        vocab += f", with tags {' '.join(tag(lang) for lang in tags)} for a model of both directions"
     lines = [f"{pair}: {vocab}"]
     for split, stats in meta["splits"].items():
         n = stats["pairs"]
@@ -301,13 +312,13 @@ def _write_text(pairs: Iterable[tuple[str, str]], directory: Path, split: str) -
     return n
 
 
-def _vocabulary(directory: Path, options: Options) -> dict[str, str]:
+def _vocabulary(directory: Path, options: Options, symbols: list[str]) -> dict[str, str]:
     """The SentencePiece model file of each side in `directory`: copied from `options.tokenizer`, or trained on
     the cleaned training text (with a warning when the text cannot fill the vocabulary asked for)."""
     if options.tokenizer is not None:
         return _copy_tokenizers(directory, Path(options.tokenizer))
     model_files = _train_tokenizers(directory, options.joint, options.vocab_size, options.model_type,
-                                    options.spm_sentences)
+                                    options.spm_sentences, symbols)
     for name in sorted(set(model_files.values())):
         made = Tokenizer.load(directory / name).vocab_size
         if made < options.vocab_size:  # SentencePiece makes what the corpus supports (hard_vocab_limit off)
@@ -334,7 +345,7 @@ def _copy_tokenizers(directory: Path, source: Path) -> dict[str, str]:
 
 
 def _train_tokenizers(
-    directory: Path, joint: bool, vocab_size: int, model_type: str, spm_sentences: int
+    directory: Path, joint: bool, vocab_size: int, model_type: str, spm_sentences: int, symbols: list[str]
 ) -> dict[str, str]:
     """Train SentencePiece on the cleaned training text; returns the model file name for each side."""
     if joint:
@@ -347,8 +358,8 @@ def _train_tokenizers(
         lines = itertools.chain.from_iterable(read_lines(path) for path in paths)
         try:
             train_sentencepiece(
-                lines, directory / prefix, vocab_size, model_type, seed_sentences=spm_sentences
-            )
+                lines, directory / prefix, vocab_size, model_type, seed_sentences=spm_sentences,
+                user_symbols=symbols)
         except RuntimeError as e:  # SentencePiece reports bad settings (e.g. a vocabulary too small) this way
             raise MtError(f"SentencePiece training failed: {e}") from None
     return files

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from mt import checkpoint
-from mt.checkpoint import load_model
+from mt.checkpoint import Loaded, load_model
 from mt.config import Config, from_dict
-from mt.data import epoch_batches, epoch_split, train_splits
+from mt.data import epoch_batches, epoch_split, text_files, train_splits
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
@@ -30,26 +30,40 @@ from mt.translate import Options, translate_stream
 
 
 def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str = DEVICE) -> dict[str, Any]:
-    """`recipe_report` of `checkpoint_path` (default: the run's final.pt), also written to RUN_DIR/report.json."""
-    with writing_into(Path(run_dir) / "report.json"):
-        report = recipe_report(run_dir, checkpoint_path or Path(run_dir) / "final.pt", pick_device(device))
-        write_report(report, Path(run_dir) / "report.json")
+    """`recipe_report` of `checkpoint_path` (default: the run's final.pt), also written to RUN_DIR/report.json
+    (a two-way model turned to its other direction: report.SRC-TGT.json)."""
+    final = Path(checkpoint_path or Path(run_dir) / "final.pt")
+    if not final.is_file():
+        raise MtError(f"{final}: not found; make it first, e.g. `mt average {run_dir} --last 8 --out {final}`")
+    dev = pick_device(device)
+    loaded = load_model(final, dev)
+    path = Path(run_dir) / f"report{other_way(loaded)}.json"
+    with writing_into(path):
+        report = recipe_report(run_dir, final, loaded, dev)
+        write_report(report, path)
     return report
 
 
-def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) -> dict[str, Any]:
-    """Score `final` on the test split of the data it was trained on; training facts from `run_dir/last.pt`."""
+def other_way(loaded: Loaded) -> str:
+    """"" for a model going the way its data was prepared; ".SRC-TGT" for a two-way model turned the other way."""
+    langs, data_dir = loaded.state.get("langs") or {}, Path(loaded.config.data)
+    if text_files(data_dir, "test", langs)[0].name.startswith("test.src"):
+        return ""
+    return f".{langs['src']}-{langs['tgt']}"
+
+
+def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device: torch.device) -> dict[str, Any]:
+    """Score `loaded` (the checkpoint `final`) on the test split of the data it was trained on; training facts
+    from `run_dir/last.pt`."""
     run_dir = Path(run_dir)
-    if not Path(final).is_file():
-        raise MtError(f"{final}: not found; make it first, e.g. `mt average {run_dir} --last 8 --out {final}`")
-    loaded = load_model(final, device)
     data_dir = Path(loaded.config.data)
-    if not (data_dir / "test.src.txt").is_file():
-        raise MtError(f"{data_dir}: no test split (test.src.txt) to report on; prepare the data with --test, "
+    src_path, ref_path = text_files(data_dir, "test", loaded.state.get("langs"))
+    if not src_path.is_file():
+        raise MtError(f"{data_dir}: no test split ({src_path.name}) to report on; prepare the data with --test, "
                       "or run from the directory the run was trained in (the data path is relative to it)")
-    sources, refs = read_text(data_dir / "test.src.txt"), read_text(data_dir / "test.tgt.txt")
+    sources, refs = read_text(src_path), read_text(ref_path)
     hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
-    write_lines(run_dir / "test.hyp.txt", hyps)
+    write_lines(run_dir / f"test{other_way(loaded)}.hyp.txt", hyps)
     cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
     metrics = loaded.state.get("metrics") or {}
     tuned = metrics.get("tuned") or [{}]
@@ -57,8 +71,7 @@ def recipe_report(run_dir: str | Path, final: str | Path, device: torch.device) 
         "run": str(run_dir),
         "checkpoint": str(final),
         "languages": loaded.state.get("langs"),
-        "test": {"sentences": len(refs), "source": str(data_dir / "test.src.txt"),
-                 "reference": str(data_dir / "test.tgt.txt")},
+        "test": {"sentences": len(refs), "source": str(src_path), "reference": str(ref_path)},
         "bleu": cased["bleu"]["score"],
         "bleu_lc": lower["bleu"]["score"],
         "chrf": cased["chrf"]["score"],
@@ -110,7 +123,7 @@ def median(values: list[float]) -> float | None:
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
     """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
-    split = epoch_split(train_splits(data_dir), position["epoch"], cfg.train.both_ways_epochs)
+    split = epoch_split(train_splits(data_dir, cfg.train.two_way), position["epoch"], cfg.train.both_ways_epochs)
     batches = epoch_batches(split, cfg.train.max_tokens, cfg.model.max_len, cfg.train.seed, position["epoch"])
     return position["epoch"] + position["batch"] / len(batches)
 

@@ -37,7 +37,7 @@ def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: 
     """Total log-probability of each target given its source (EOS included), in input order."""
     check_aligned("the source list", len(sources), "the target list", len(targets))
     model = loaded.model
-    srcs = loaded.src_tok.encode([s.strip() for s in sources])
+    srcs = [loaded.lead + s for s in loaded.src_tok.encode([s.strip() for s in sources])]  # lead: a two-way tag
     tgts = loaded.tgt_tok.encode([t.strip() for t in targets])
     limit = model.cfg.max_len - 1  # room for EOS (source) or BOS (target)
     for side, seqs in (("source", srcs), ("target", tgts)):

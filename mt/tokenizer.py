@@ -17,6 +17,11 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 FEW = 256  # below this many lines, a call per line: each list call of SentencePiece starts a thread pool
 
 
+def tag(lang: str) -> str:
+    """The piece that asks a two-way model for `lang` (Marian's spelling, as OPUS-MT's multi-target models)."""
+    return f">>{lang}<<"
+
+
 class Tokenizer:
     """A loaded SentencePiece model. Holds the serialized model so a checkpoint can carry it."""
 
@@ -58,6 +63,13 @@ class Tokenizer:
         return self.sp.encode(list(lines), out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1,
                               num_threads=1)
 
+    def tag_id(self, lang: str) -> int:
+        """The id of `lang`'s target tag (`tag`), which leads a two-way model's sources; an error if it has none."""
+        piece = tag(lang)
+        if self.sp.piece_to_id(piece) == UNK:
+            raise MtError(f"the vocabulary has no {piece} tag; prepare the data with `mt prepare --two-way`")
+        return self.sp.piece_to_id(piece)
+
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         seqs = [[i for i in seq if i > EOS] for seq in ids]
         return [self.sp.decode(seq) for seq in seqs] if len(seqs) < FEW else self.sp.decode(seqs)
@@ -70,11 +82,12 @@ def train_sentencepiece(
     model_type: str = "unigram",
     character_coverage: float = 1.0,
     seed_sentences: int = 1_000_000,
+    user_symbols: Sequence[str] = (),
 ) -> Path:
     """Train a SentencePiece model on `lines` (an iterator, streamed) and write `<model_prefix>.model`.
 
     The training sample is capped at `seed_sentences` lines, chosen by SentencePiece itself, so memory is
-    bounded whatever the corpus size.
+    bounded whatever the corpus size. `user_symbols` are pieces of their own (e.g. the tags of `tag`).
     """
     model_prefix = Path(model_prefix)
     spm.SentencePieceTrainer.train(
@@ -89,6 +102,7 @@ def train_sentencepiece(
         unk_id=UNK,
         bos_id=BOS,
         eos_id=EOS,
+        user_defined_symbols=list(user_symbols),
         hard_vocab_limit=False,  # a small corpus may not support the requested size; take what it has
         minloglevel=2,
         num_threads=2,

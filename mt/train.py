@@ -20,7 +20,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from mt import checkpoint, distributed
 from mt.config import Config, to_dict, validate
-from mt.data import Batch, Prefetch, Split, fit_vocab, load_tokenizers, pinned, step_batches, train_splits
+from mt.data import (
+    Batch,
+    Prefetch,
+    fit_vocab,
+    load_tokenizers,
+    pinned,
+    step_batches,
+    train_splits,
+    valid_split,
+)
 from mt.device import autocast, autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import for_training
@@ -95,8 +104,8 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
         init = load_init(init_path, cfg, src_tok, tgt_tok, meta)
     has_valid = (data_dir / "valid.src.ids.npy").is_file()
     return Run(cfg, out_dir, device, autocast_dtype(cfg.train.precision, device), rank, world, src_tok, tgt_tok,
-               {"src": meta.get("src"), "tgt": meta.get("tgt")}, train_splits(data_dir),
-               Split(data_dir, "valid") if has_valid else None,
+               {"src": meta.get("src"), "tgt": meta.get("tgt")}, train_splits(data_dir, cfg.train.two_way),
+               valid_split(data_dir, cfg.train.two_way) if has_valid else None,
                read_text(data_dir / "valid.tgt.txt") if has_valid else None,
                RunLog(rank == 0, progress), resumed_from, saved, init)
 

@@ -11,7 +11,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mt.config import Config
-from mt.data import Split
+from mt.data import BothWays, Split, Tagged
 from mt.finetune import Init
 from mt.model import Transformer
 from mt.runlog import RunLog
@@ -49,8 +49,8 @@ class Run:
     src_tok: Tokenizer
     tgt_tok: Tokenizer
     langs: dict
-    train_data: list[Split]
-    valid_split: Split | None
+    train_data: list[Split | BothWays]
+    valid_split: Split | Tagged | None
     valid_refs: list[str] | None
     log: RunLog
     resumed_from: Path | None = None

@@ -20,7 +20,7 @@ from typing import BinaryIO, TextIO
 import torch
 
 from mt.attention import alignments, heatmap, pair_attention, pharaoh, to_pieces
-from mt.checkpoint import Loaded, load_model
+from mt.checkpoint import Loaded, load_model, towards
 from mt.config import DecodeConfig
 from mt.data import batch_by_tokens, pad
 from mt.device import autocast as device_autocast
@@ -110,7 +110,7 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     device = pick_device(request.device)
     if request.precision == "int8" and device.type != "cpu":
         raise MtError("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
-    loaded = load_any(request.checkpoint, device, request.precision, request.engine)
+    loaded = load_any(request.checkpoint, device, request.precision, request.engine, request.to)
     opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
                                nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
@@ -124,16 +124,21 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     return loaded, opts, device
 
 
-def load_any(path: Path, device: torch.device, precision: str | None = "fp32", engine: str = "auto") -> Loaded:
+def load_any(path: Path, device: torch.device, precision: str | None = "fp32", engine: str = "auto",
+             to: str | None = None) -> Loaded:
     """A checkpoint, or a model exported for CTranslate2 (mt/exported.py); `engine` "mt" or "ctranslate2"
-    insists on one of them."""
+    insists on one of them; `to` turns a two-way checkpoint (`mt.checkpoint.towards`)."""
     exported = is_export(path)
     if engine == "ctranslate2" and not exported:
         raise MtError(f"--engine ctranslate2: {path} is not a CTranslate2 export; make one with `mt export {path} "
                       f"--to ctranslate2 --out DIR`")
     if engine == "mt" and exported:
         raise MtError(f"--engine mt: {path} is a CTranslate2 export; give the checkpoint it came from")
-    return load_exported(path, device, precision) if exported else load_model(path, device, precision)
+    if exported:
+        loaded = load_exported(path, device, precision)
+        towards({"config": {}, "langs": loaded.state["export"].get("langs")}, to, path)  # one direction only
+        return loaded
+    return load_model(path, device, precision, to)
 
 
 def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> Attention | None:
@@ -251,14 +256,14 @@ def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
                  warn: TextIO | None = None) -> list[list[int] | None]:
     """The source pieces of each line (None for a blank line), cut to what the model takes, with a warning
     on `warn` (stderr) that names the line, counting from `offset` + 1."""
-    limit = loaded.model.cfg.max_len - 1  # room for EOS
+    limit = loaded.model.cfg.max_len - 1 - len(loaded.lead)  # room for EOS and a two-way model's tag
     todo = [i for i, line in enumerate(lines) if line.strip()]
     srcs: list[list[int] | None] = [None] * len(lines)
     for i, src in zip(todo, loaded.src_tok.encode([lines[i].strip() for i in todo]), strict=True):
         if len(src) > limit:
             print(f"warning: input line {offset + i + 1} has {len(src)} pieces; cut to the model's {limit}",
                   file=warn or sys.stderr)
-        srcs[i] = src[:limit]
+        srcs[i] = loaded.lead + src[:limit]
     return srcs
 
 

@@ -79,10 +79,11 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
 
 
 def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str, penalties: str,
-                    device: str = DEVICE, progress: bool = True) -> list[dict]:
+                    device: str = DEVICE, progress: bool = True, to: str | None = None) -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
     over the comma-separated `beams` and `penalties`, and write it to `out` with the best setting as its decode
-    defaults. Returns every setting's BLEU, best first."""
+    defaults. `to` turns a two-way model to its other direction, which `out` then translates. Returns every
+    setting's BLEU, best first."""
     from mt.checkpoint import load_model
     from mt.device import pick_device
 
@@ -92,7 +93,7 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
     check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):
-        loaded = load_model(path, dev)
+        loaded = load_model(path, dev, to=to)
         sources, refs = held_out(loaded, src, ref)
         results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress)
         save_tuned(loaded, results[0], results, out)
@@ -110,8 +111,10 @@ def held_out(loaded: Loaded, src: str | Path | None = None,
              ref: str | Path | None = None) -> tuple[list[str], list[str]]:
     """(sources, references) to choose settings on: `src`/`ref`, or the valid split of the checkpoint's data."""
     if src is None:
+        from mt.data import text_files  # torch: imported only to tune
+
         data = Path(loaded.config.data)
-        src, ref = data / "valid.src.txt", data / "valid.tgt.txt"
+        src, ref = text_files(data, "valid", loaded.state.get("langs"))
         if not Path(src).is_file():
             raise MtError(f"{src}: not found; the checkpoint's data directory ({data}, relative to the "
                           "working directory) has no valid split here. Pass --src and --ref")
