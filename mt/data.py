@@ -90,14 +90,17 @@ def tags(data_dir: str | Path) -> tuple[int, int]:
 def text_files(data_dir: str | Path, split: str, langs: dict | None) -> tuple[Path, Path]:
     """The (source, reference) text files of a split for a model going `langs` ({"src", "tgt"}): as prepared,
     or swapped for a two-way model's other direction."""
-    data_dir = Path(data_dir)
-    src, tgt = data_dir / f"{split}.src.txt", data_dir / f"{split}.tgt.txt"
-    meta_path = data_dir / "meta.json"
-    if langs and meta_path.is_file():
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if (langs.get("src"), langs.get("tgt")) == (meta.get("tgt"), meta.get("src")):
-            return tgt, src
-    return src, tgt
+    src, tgt = Path(data_dir) / f"{split}.src.txt", Path(data_dir) / f"{split}.tgt.txt"
+    return (tgt, src) if turned(data_dir, langs) else (src, tgt)
+
+
+def turned(data_dir: str | Path, langs: dict | None) -> bool:
+    """Whether a model going `langs` goes the other way from the one `data_dir` was prepared in."""
+    meta_path = Path(data_dir) / "meta.json"
+    if not langs or not meta_path.is_file():
+        return False
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    return (langs.get("src"), langs.get("tgt")) == (meta.get("tgt"), meta.get("src"))
 
 
 class BothWays:

@@ -17,7 +17,7 @@ import torch
 from mt import checkpoint
 from mt.checkpoint import Loaded, load_model
 from mt.config import Config, from_dict
-from mt.data import epoch_batches, epoch_split, text_files, train_splits
+from mt.data import epoch_batches, epoch_split, text_files, train_splits, turned
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
@@ -46,10 +46,8 @@ def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str =
 
 def other_way(loaded: Loaded) -> str:
     """"" for a model going the way its data was prepared; ".SRC-TGT" for a two-way model turned the other way."""
-    langs, data_dir = loaded.state.get("langs") or {}, Path(loaded.config.data)
-    if text_files(data_dir, "test", langs)[0].name.startswith("test.src"):
-        return ""
-    return f".{langs['src']}-{langs['tgt']}"
+    langs = loaded.state.get("langs") or {}
+    return f".{langs['src']}-{langs['tgt']}" if turned(loaded.config.data, langs) else ""
 
 
 def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device: torch.device) -> dict[str, Any]:
