@@ -28,6 +28,7 @@ How W processes train one model with DistributedDataParallel (mt/train.py):
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -36,6 +37,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from mt.errors import MtError
 
 _host_group = None  # gloo group for host-side agreements; None when not distributed
 _owned = False  # whether `start` created the process group (and so `stop` destroys it)
@@ -55,7 +58,11 @@ def start(device: torch.device) -> torch.device:
     if not launched():
         return device
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local, visible = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= visible:  # else CUDA's own "invalid device ordinal", which names neither cause nor fix
+            raise MtError(f"torchrun started more processes on this node than it has GPUs ({visible}): pass "
+                          f"--nproc_per_node {visible}, or set train.device=cpu to train on CPU processes")
+        device = torch.device("cuda", local)
         torch.cuda.set_device(device)
     _depth += 1
     if _depth > 1:
@@ -138,8 +145,14 @@ def wrap(model: torch.nn.Module, device: torch.device) -> DistributedDataParalle
     if not active():
         return None
     # The only buffer (the sinusoid table) is a constant: broadcasting it before every forward would be waste.
+    # torch 2.13 renamed the option (the old name is deprecated there); earlier releases know only the old one.
+    name = "forward_sync_buffers" if "forward_sync_buffers" in _ddp_options() else "broadcast_buffers"
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   forward_sync_buffers=False)
+                                   **{name: False})
+
+
+def _ddp_options() -> set[str]:
+    return set(inspect.signature(DistributedDataParallel).parameters)
 
 
 def sync_gradients(ddp: DistributedDataParallel | None, last: bool) -> AbstractContextManager:

@@ -2,6 +2,7 @@
 effective batch: the ranks split each step's batches, normalise the loss per token of the whole step, and end with
 identical weights; the data position is global, so a run resumes with another number of processes."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import yaml
 
 from mt import checkpoint, distributed
 from mt.config import Config, ModelConfig, resume_config, to_dict
+from mt.errors import MtError
 from mt.train import train
 
 from .conftest import prepare_corpus
@@ -37,6 +39,7 @@ def config(data: Path, **train_changes) -> Config:
     train_cfg = cfg.train
     train_cfg.max_tokens, train_cfg.warmup, train_cfg.log_every, train_cfg.valid_bleu = 256, 10, 2, False
     train_cfg.threads, train_cfg.keep_checkpoints, train_cfg.precision = 1, 10, "fp32"
+    train_cfg.device = "cpu"  # gloo between CPU processes, also on a machine with fewer GPUs than processes
     # Adam is blind to the scale of the gradient except through eps: with a large eps the update is about
     # lr × gradient, so a loss normalised wrongly (say, without the × world that undoes DDP's averaging) changes
     # the weights visibly. The large lr keeps those updates well above float noise.
@@ -58,6 +61,33 @@ def test_rank_0_validates_on_the_cores_of_the_ranks_waiting_for_it(monkeypatch):
     assert torch.get_num_threads() == threads  # given back, even after an error
     with distributed.cores_of_waiting_ranks(torch.device("cuda", 0)):  # GPU ranks: the host's threads are not spare
         assert torch.get_num_threads() == threads
+
+
+def test_more_processes_than_gpus_is_refused_with_the_fix(monkeypatch):
+    # As `torchrun --nproc_per_node 2` on a one-GPU node makes its second process: CUDA alone says "invalid ordinal".
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(MtError, match=r"more processes on this node than it has GPUs \(1\): pass --nproc_per_node 1"):
+        distributed.start(torch.device("cuda"))
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("torch_option", ["forward_sync_buffers", "broadcast_buffers"])
+def test_the_model_is_wrapped_without_syncing_buffers_in_any_torch(monkeypatch, torch_option):
+    # torch 2.13 renamed broadcast_buffers to forward_sync_buffers; torch 2.11 (a GPU node's) rejected the new name.
+    made = {}
+
+    def ddp(module, device_ids=None, **options):
+        made.update(options, device_ids=device_ids)
+        return module
+
+    ddp.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                           for name in ("module", "device_ids", torch_option)])
+    monkeypatch.setattr(distributed, "DistributedDataParallel", ddp)
+    monkeypatch.setattr(distributed, "active", lambda: True)
+    distributed.wrap(torch.nn.Linear(2, 2), torch.device("cuda", 1))
+    assert made == {torch_option: False, "device_ids": [1]}
 
 
 # ---------------------------------------------------------------------------------------------- two processes
