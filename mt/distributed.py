@@ -146,13 +146,10 @@ def wrap(model: torch.nn.Module, device: torch.device) -> DistributedDataParalle
         return None
     # The only buffer (the sinusoid table) is a constant: broadcasting it before every forward would be waste.
     # torch 2.13 renamed the option (the old name is deprecated there); earlier releases know only the old one.
-    name = "forward_sync_buffers" if "forward_sync_buffers" in _ddp_options() else "broadcast_buffers"
+    known = inspect.signature(DistributedDataParallel).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                    **{name: False})
-
-
-def _ddp_options() -> set[str]:
-    return set(inspect.signature(DistributedDataParallel).parameters)
 
 
 def sync_gradients(ddp: DistributedDataParallel | None, last: bool) -> AbstractContextManager:
