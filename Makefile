@@ -52,7 +52,8 @@ BACK    = $(word 3,$(LANGS))-$(word 2,$(LANGS))
 RECIPE_RUN = runs/$(NAME)$(if $(filter-out 1,$(SEED)),_s$(SEED))
 # On a CPU, one single-thread process per core, each taking an equal share of the config's batch (train.max_tokens):
 # more steps an hour than one process on all the cores. PROCS=1 trains in one process, as on a GPU (nvidia-smi found).
-PROCS  ?= $(if $(shell command -v nvidia-smi),1,$(shell nproc))
+# (nproc without OMP_NUM_THREADS, which it would otherwise report: the cores, not a thread setting.)
+PROCS  ?= $(if $(shell command -v nvidia-smi),1,$(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc))
 SHARE   = $$($(BIN)/python -c "from mt.config import load_config; print(load_config('configs/$(NAME).yaml').train.max_tokens // $(PROCS))")
 TRAIN   = $(if $(filter 1,$(PROCS)),$(BIN)/mt train,OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(PROCS) -m mt train)
 SPLIT   = $(if $(filter 1,$(PROCS)),,--set train.max_tokens=$(SHARE) --set train.threads=1)
