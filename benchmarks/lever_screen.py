@@ -40,7 +40,7 @@ def mt(*args: str, log: Path) -> str:
     return result.stdout
 
 
-def train_member(config: str, run: Path, seed: int, steps: int, settings: list[str], average: str) -> dict:
+def train_member(config: str, run: Path, seed: int, settings: list[str], steps: int, average: str) -> dict:
     """Train one member for `steps` steps and average its last checkpoints (`average`: the counts to choose from);
     its chosen average's greedy BLEU."""
     sets = ["train.members=1", "train.max_minutes=0", f"train.max_steps={steps}", f"train.seed={seed}",
@@ -55,12 +55,10 @@ def train_member(config: str, run: Path, seed: int, steps: int, settings: list[s
 
 def tune_variant(name: str, members: list[dict], out: Path) -> dict:
     """Ensemble the variant's averaged members (one member: itself) and tune beam and length penalty on valid."""
-    checkpoint = out / f"{name}.pt"
     finals = [str(Path(m["run"]) / "final.pt") for m in members]
+    checkpoint = Path(finals[0]) if len(finals) == 1 else out / f"{name}.pt"
     if len(finals) > 1:
         mt("ensemble", *finals, "--out", str(checkpoint), log=out / f"{name}.ensemble.log")
-    else:
-        checkpoint = Path(finals[0])
     beam, penalty, bleu = BEST_SETTING.search(mt("tune", "-c", str(checkpoint), "-o", str(checkpoint), "-q",
                                                  log=out / f"{name}.tune.log")).groups()
     return {"variant": name, "members": members, "tuned_valid_bleu": float(bleu), "beam": int(beam),
@@ -92,10 +90,10 @@ def main() -> None:
     jobs = [(name, args.out / f"{name}-{i}", seed + SEED_STRIDE * (i - 1), settings)
             for name, settings in args.variant for i in range(1, args.members + 1)]
     with ThreadPoolExecutor(args.parallel) as pool:
-        trained = list(pool.map(lambda job: (job[0], train_member(args.config, job[1], job[2], args.steps, job[3],
-                                                                                  args.average)), jobs))
-        results = list(pool.map(lambda name: tune_variant(name, [m for n, m in trained if n == name], args.out),
-                                [name for name, _ in args.variant]))
+        trained = list(pool.map(lambda job: train_member(args.config, *job[1:], args.steps, args.average), jobs))
+        by_variant = {name: [m for job, m in zip(jobs, trained, strict=True) if job[0] == name]
+                      for name, _ in args.variant}
+        results = list(pool.map(lambda item: tune_variant(*item, args.out), by_variant.items()))
     for r in results:
         greedy = ", ".join(f"{m['greedy_valid_bleu']:.2f}" for m in r["members"])
         print(f"{r['variant']:>12}  members' greedy valid {greedy}  tuned ensemble valid {r['tuned_valid_bleu']:.2f}"
