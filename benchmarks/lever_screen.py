@@ -49,8 +49,9 @@ def train_member(config: str, run: Path, seed: int, settings: list[str], steps: 
        log=Path(f"{run}.train.log"))
     averaged = mt("average", str(run), "--last", average, "--out", str(run / "final.pt"),
                   log=Path(f"{run}.average.log"))
-    count, bleu = BEST_COUNT.search(averaged).groups()
-    return {"run": str(run), "seed": seed, "last": int(count), "greedy_valid_bleu": float(bleu)}
+    found = BEST_COUNT.search(averaged)  # none when --average names one count: mt average then scores nothing
+    count, bleu = found.groups() if found else (average, None)
+    return {"run": str(run), "seed": seed, "last": int(count), "greedy_valid_bleu": bleu and float(bleu)}
 
 
 def tune_variant(name: str, members: list[dict], out: Path) -> dict:
@@ -95,7 +96,8 @@ def main() -> None:
                       for name, _ in args.variant}
         results = list(pool.map(lambda item: tune_variant(*item, args.out), by_variant.items()))
     for r in results:
-        greedy = ", ".join(f"{m['greedy_valid_bleu']:.2f}" for m in r["members"])
+        greedy = ", ".join("–" if m["greedy_valid_bleu"] is None else f"{m['greedy_valid_bleu']:.2f}"
+                           for m in r["members"])
         print(f"{r['variant']:>12}  members' greedy valid {greedy}  tuned ensemble valid {r['tuned_valid_bleu']:.2f}"
               f"  (beam {r['beam']}, lp {r['len_penalty']})")
     (args.out / "screen.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
