@@ -72,6 +72,10 @@ class TrainConfig:
     # The share of each member's training that the members have in common: a trunk trains that long, then each
     # member goes on from it with its own seed (data order, dropout) and its own cooldown; 0: independent members
     shared: float = 0.0
+    # With members and a time budget: member 1 trains to where its cooldown would start; if it is on course for
+    # fewer steps than this in its share of the time, the run trains one model for the whole budget instead
+    # (member 1 goes on), as members that short lose more than their ensemble wins back. 0: always the members
+    member_min_steps: int = 0
     valid_every: int = 1000  # steps between validations (and checkpoints)
     keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
     max_bad_steps: int = 10  # non-finite steps in a row (each skipped) before training stops as diverged
@@ -137,7 +141,8 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
 
     if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
         for item in overrides:
-            if item.strip().startswith(("model.", "train.members", "train.seed", "train.shared")):
+            if item.strip().startswith(("model.", "train.members", "train.member_min_steps", "train.seed",
+                                        "train.shared")):
                 raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds and trunk")
         return load_config(Path(out_dir) / "config.yaml", overrides)
     last_path = Path(out_dir) / checkpoint.LAST
@@ -207,8 +212,8 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
     at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0, "train.members": 1,
-                "train.both_ways_epochs": 0, "train.max_minutes": 0, "train.weight_decay": 0, "train.rdrop": 0,
-                "train.clip_norm": 0, "train.threads": 0,
+                "train.both_ways_epochs": 0, "train.member_min_steps": 0, "train.max_minutes": 0,
+                "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0}
     for key, least in at_least.items():
@@ -218,6 +223,9 @@ def validate(cfg: Config) -> None:
         raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
     if cfg.train.shared and cfg.train.members < 2:
         raise MtError(f"train.shared={cfg.train.shared}: the members share a trunk; set train.members to 2 or more")
+    if cfg.train.member_min_steps and cfg.train.shared:
+        raise MtError(f"train.member_min_steps={cfg.train.member_min_steps} chooses between members and one model; "
+                      "members that share a trunk (train.shared) cannot become one: set one of them to 0")
     if cfg.train.two_way and cfg.train.both_ways_epochs:
         raise MtError(f"train.two_way reads every epoch both ways, with tags; train.both_ways_epochs="
                       f"{cfg.train.both_ways_epochs} (the first epochs both ways, untagged) goes with one-way runs: "

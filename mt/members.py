@@ -12,6 +12,11 @@ with member 1's seed and no cooldown, trains for f of a member's budget; each me
 its last.pt and resumes it (optimizer, schedule and all) with its own seed, so from there on its data order and
 dropout are its own, and its cooldown ends its own budget. Member 1 is the run the trunk would have gone on to
 be. N members then cost f + N * (1 - f) members' time: a member's budget is the run's divided by that.
+
+With `train.member_min_steps: S` and a time budget, member 1 first trains to where its cooldown would begin (until
+there it and one model of the whole budget train alike); if it is on course for fewer than S steps in its share of
+the time, it goes on as one model of the whole budget, and the run's config.yaml says `members: 1` from then on.
+Either way the decision is written there, so a resumed run keeps it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import copy
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +33,7 @@ from typing import Any
 import yaml
 
 from mt import checkpoint, distributed
-from mt.config import Config, to_dict
+from mt.config import Config, to_dict, validate
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.lines import write_lines
@@ -49,7 +55,7 @@ def member_dirs(run_dir: str | Path) -> list[Path]:
 def member_config(cfg: Config, i: int) -> Config:
     """The config member `i` (1-based) trains with: its seed, its share of the time, one model."""
     member = copy.deepcopy(cfg)
-    member.train.members, member.train.shared = 1, 0.0
+    member.train.members, member.train.shared, member.train.member_min_steps = 1, 0.0, 0
     member.train.seed = cfg.train.seed + SEED_STRIDE * (i - 1)
     member.train.max_minutes = cfg.train.max_minutes / (cfg.train.shared + cfg.train.members * (1 - cfg.train.shared))
     return member
@@ -69,18 +75,20 @@ def trunk_config(cfg: Config) -> Config:
 def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[..., dict], **options: Any
                   ) -> dict:
     """Train each member in turn with `train_one` (`mt.train.train`, given `options`); the last one's metrics."""
+    validate(cfg)  # as load_config does, for a config built in code
     if options.get("init") is not None:
         raise MtError("--init fine-tunes one model; train.members trains new ones: set train.members=1")
     if not resume and member_dirs(out_dir):
         raise MtError(f"{out_dir} already holds an ensemble run; pass --resume to continue it, or choose another "
                       "--out")
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process writes
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_lines(out_dir / "config.yaml", [yaml.safe_dump(to_dict(cfg), sort_keys=False)])
+    write_run_config(cfg, out_dir)
     metrics: dict = {}
     distributed.start(pick_device(cfg.train.device))  # under torchrun, one process group for every member
-    directories = [out_dir / f"member-{i}" for i in range(1, cfg.train.members + 1)]
     try:
+        if cfg.train.member_min_steps and cfg.train.members > 1 and cfg.train.max_minutes:
+            probed = train_resumable(train_one, probe_config(cfg), out_dir / "member-1", out_dir, **options)
+            cfg = decide_members(cfg, probed, out_dir)
+        directories = [out_dir / f"member-{i}" for i in range(1, cfg.train.members + 1)]
         if cfg.train.shared and not all(map(started, directories)):
             train_resumable(train_one, trunk_config(cfg), out_dir / TRUNK, out_dir, **options)
         for i, directory in enumerate(directories, 1):
@@ -90,6 +98,43 @@ def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[
     finally:
         distributed.stop()
     return metrics
+
+
+def write_run_config(cfg: Config, out_dir: Path) -> None:
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process writes
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_lines(out_dir / "config.yaml", [yaml.safe_dump(to_dict(cfg), sort_keys=False)])
+
+
+def probe_config(cfg: Config) -> Config:
+    """Member 1 up to where its cooldown would begin (by time and by steps), without the cooldown."""
+    probe, before = member_config(cfg, 1), 1.0 - cfg.train.cooldown
+    probe.train.max_minutes *= before
+    probe.train.max_steps = max(1, round(before * probe.train.max_steps))
+    probe.train.cooldown = 0.0
+    return probe
+
+
+def decide_members(cfg: Config, probed: dict, out_dir: Path) -> Config:
+    """The run's config once member 1 has trained to its cooldown (`probed`: the metrics it ended with, rank 0's
+    counting): one model when member 1 is on course for fewer than train.member_min_steps steps, else as it was.
+    Written to the run's config.yaml, which then has nothing left to decide."""
+    member = member_config(cfg, 1).train
+    on_course = 0
+    if probed:  # rank 0; the others learn its answer from agree_max
+        on_course = min(member.max_steps, round(probed["step"] * 60 * member.max_minutes / probed["elapsed"]))
+    on_course = distributed.agree_max(on_course)
+    decided = copy.deepcopy(cfg)
+    decided.train.member_min_steps = 0
+    if on_course < cfg.train.member_min_steps:
+        decided.train.members = 1
+    if distributed.rank() == 0:
+        plan = (f"it goes on as one model of the run's {cfg.train.max_minutes:g} minutes" if decided.train.members == 1
+                else f"training {cfg.train.members} members")
+        print(f"member 1 is on course for {on_course:,} steps in its {member.max_minutes:g} minutes (train."
+              f"member_min_steps: {cfg.train.member_min_steps:,}): {plan}", file=sys.stderr, flush=True)
+    write_run_config(decided, out_dir)
+    return decided
 
 
 def started(directory: Path) -> bool:
@@ -125,6 +170,6 @@ def average_members(run_dir: Path, out: Path, average_one: Callable[[Path, Path]
             _, tried = average_one(directory, directory / "final.pt")
         finals.append(directory / "final.pt")
         results += [{"member": directory.name, **result} for result in tried]
-    state = combine(finals)
+    state = combine(finals) if len(finals) > 1 else checkpoint.load(finals[0])  # one: a run that chose one model
     checkpoint.save(state, out)
     return state, results

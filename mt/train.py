@@ -35,7 +35,7 @@ from mt.errors import MtError
 from mt.fast import for_training
 from mt.finetune import NOT_WITH_RESUME, load_init
 from mt.lines import check_output_dir, read_text
-from mt.members import train_members
+from mt.members import member_dirs, train_members
 from mt.model import Transformer, count_parameters
 from mt.optim import adam, step_rate
 from mt.runlock import lock_run, unlock_run
@@ -61,7 +61,7 @@ def train(cfg: Config, out_dir: str | Path, resume: bool = False, progress: bool
 
     Started by torchrun as one of several processes, joins their process group for the run (mt/distributed.py).
     With train.members > 1, trains that many models one after another (mt/members.py)."""
-    if cfg.train.members > 1:
+    if cfg.train.members > 1 or (resume and member_dirs(out_dir)):  # one that chose one model keeps its layout
         return train_members(cfg, Path(out_dir), resume, train, progress=progress, init=init)
     device = distributed.start(pick_device(cfg.train.device))
     try:

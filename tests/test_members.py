@@ -1,5 +1,6 @@
 """Ensemble runs (`train.members`): several models trained one after another in one run, averaged, joined, reported."""
 
+import copy
 import json
 import shutil
 
@@ -137,6 +138,8 @@ def test_what_an_ensemble_run_cannot_do_is_refused(run, data, tmp_path):
     assert_refused(result, "keeps its model, members, seeds and trunk")
     with pytest.raises(MtError, match="the members share a trunk; set train.members to 2 or more"):
         train(small_config(data, shared=0.5), tmp_path / "alone", progress=False)
+    with pytest.raises(MtError, match="members that share a trunk .* cannot become one"):
+        train(small_config(data, members=2, shared=0.5, member_min_steps=100), tmp_path / "both", progress=False)
     with pytest.raises(MtError, match="train.members=0: must be at least 1"):
         train(small_config(data, members=0), tmp_path / "none", progress=False)
 
@@ -148,3 +151,66 @@ def test_an_interrupted_member_says_how_to_continue_the_whole_run(data, tmp_path
     with pytest.raises(TrainInterrupted) as stopped:
         train_members(small_config(data, members=2), tmp_path / "run", False, interrupted, progress=False)
     assert str(stopped.value).endswith(f"mt train --resume --out {tmp_path / 'run'}")
+
+
+def deciding(data, member_min_steps: int):
+    """Two members of 12 steps in a 10-minute run, cooling down over their last quarter: member 1 decides at step 9
+    that it is on course for 12 steps (a tiny model takes seconds, and 12 is the step budget)."""
+    return small_config(data, max_steps=12, valid_every=6, keep_checkpoints=2, members=2, cooldown=0.25,
+                        max_minutes=10, seed=3, member_min_steps=member_min_steps)
+
+
+@pytest.fixture(scope="module")
+def chose_one(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("chose_one") / "run"
+    train(deciding(data, member_min_steps=13), out, progress=False)
+    return out
+
+
+def test_members_on_course_for_too_few_steps_become_one_model_of_the_whole_budget(chose_one, data, tmp_path):
+    assert member_dirs(chose_one) == [chose_one / "member-1"]
+    decided = load_config(chose_one / "config.yaml").train
+    assert (decided.members, decided.member_min_steps) == (1, 0)  # a resumed run keeps the decision
+    last = checkpoint.load(chose_one / "member-1" / "last.pt")
+    assert last["step"] == 12 and last["config"]["train"]["max_minutes"] == 10.0
+    alone = tmp_path / "alone"  # member 1 went on as the one model of the whole budget would have trained
+    train(small_config(data, max_steps=12, valid_every=6, keep_checkpoints=2, cooldown=0.25, max_minutes=10, seed=3),
+          alone, progress=False)
+    assert_same_weights(last["model"], checkpoint.load(alone / "last.pt")["model"])
+    copied = tmp_path / "run"
+    shutil.copytree(chose_one, copied)
+    result = CliRunner().invoke(app, ["average", str(copied), "--last", "1,2", "--out", str(copied / "final.pt")])
+    assert result.exit_code == 0, result.output
+    final = checkpoint.load(copied / "final.pt")
+    assert "members" not in final and final["step"] == 12  # one model, not an ensemble of one
+    assert report_run(copied, None, "cpu")["steps"] == 12
+
+
+def test_members_on_course_for_enough_steps_train_as_members(data, tmp_path):
+    out = tmp_path / "run"
+    train(deciding(data, member_min_steps=12), out, progress=False)
+    assert [m.name for m in member_dirs(out)] == ["member-1", "member-2"]
+    decided = load_config(out / "config.yaml").train
+    assert (decided.members, decided.member_min_steps) == (2, 0)
+    lasts = [checkpoint.load(out / f"member-{i}" / "last.pt") for i in (1, 2)]
+    assert [last["step"] for last in lasts] == [12, 12]
+    assert [last["config"]["train"]["max_minutes"] for last in lasts] == [5.0, 5.0]
+
+
+def test_a_run_stopped_before_it_decided_decides_when_resumed(chose_one, data, tmp_path):
+    def stopped_at_step_4(cfg, directory, **options):  # Ctrl-C in member 1, before its decision at step 9
+        early = copy.deepcopy(cfg)
+        early.train.max_steps = 4
+        train(early, directory, **options)
+        raise TrainInterrupted(f"SIGINT at step 4: saved {directory / 'last.pt'}. Continue with: mt train --resume "
+                               f"--out {directory}")
+    out = tmp_path / "run"
+    with pytest.raises(TrainInterrupted):
+        train_members(deciding(data, member_min_steps=13), out, False, stopped_at_step_4, progress=False)
+    assert load_config(out / "config.yaml").train.member_min_steps == 13  # not decided yet
+    result = CliRunner().invoke(app, ["train", "--resume", "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "on course for 12 steps" in result.output and "one model of the run's 10 minutes" in result.output
+    assert member_dirs(out) == [out / "member-1"]
+    assert_same_weights(checkpoint.load(out / "member-1" / "last.pt")["model"],
+                        checkpoint.load(chose_one / "member-1" / "last.pt")["model"])
