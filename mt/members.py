@@ -61,15 +61,16 @@ def member_config(cfg: Config, i: int) -> Config:
     return member
 
 
-def trunk_config(cfg: Config) -> Config:
-    """The config of the members' shared trunk: member 1's, for `train.shared` of each of its budgets, and no
-    cooldown (each member cools down at the end of its own budget)."""
-    trunk, shared = member_config(cfg, 1), cfg.train.shared
-    trunk.train.max_minutes *= shared
-    trunk.train.max_steps = max(1, round(shared * trunk.train.max_steps))
-    trunk.train.max_epochs = math.ceil(shared * trunk.train.max_epochs)
-    trunk.train.cooldown = 0.0
-    return trunk
+def first_part(cfg: Config, share: float) -> Config:
+    """Member 1's config for the first `share` of its budget (time, steps, epochs) with no cooldown: the members'
+    shared trunk (`train.shared`; each member cools down at the end of its own budget), or member 1 up to where
+    its cooldown would begin (`train.member_min_steps`)."""
+    part = member_config(cfg, 1)
+    part.train.max_minutes *= share
+    part.train.max_steps = max(1, round(share * part.train.max_steps))
+    part.train.max_epochs = math.ceil(share * part.train.max_epochs)
+    part.train.cooldown = 0.0
+    return part
 
 
 def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[..., dict], **options: Any
@@ -86,11 +87,12 @@ def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[
     distributed.start(pick_device(cfg.train.device))  # under torchrun, one process group for every member
     try:
         if cfg.train.member_min_steps and cfg.train.members > 1 and cfg.train.max_minutes:
-            probed = train_resumable(train_one, probe_config(cfg), out_dir / "member-1", out_dir, **options)
+            probed = train_resumable(train_one, first_part(cfg, 1.0 - cfg.train.cooldown), out_dir / "member-1",
+                                     out_dir, **options)
             cfg = decide_members(cfg, probed, out_dir)
         directories = [out_dir / f"member-{i}" for i in range(1, cfg.train.members + 1)]
         if cfg.train.shared and not all(map(started, directories)):
-            train_resumable(train_one, trunk_config(cfg), out_dir / TRUNK, out_dir, **options)
+            train_resumable(train_one, first_part(cfg, cfg.train.shared), out_dir / TRUNK, out_dir, **options)
         for i, directory in enumerate(directories, 1):
             if cfg.train.shared and not started(directory):
                 branch(out_dir / TRUNK, directory)
@@ -104,15 +106,6 @@ def write_run_config(cfg: Config, out_dir: Path) -> None:
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one process writes
         out_dir.mkdir(parents=True, exist_ok=True)
         write_lines(out_dir / "config.yaml", [yaml.safe_dump(to_dict(cfg), sort_keys=False)])
-
-
-def probe_config(cfg: Config) -> Config:
-    """Member 1 up to where its cooldown would begin (by time and by steps), without the cooldown."""
-    probe, before = member_config(cfg, 1), 1.0 - cfg.train.cooldown
-    probe.train.max_minutes *= before
-    probe.train.max_steps = max(1, round(before * probe.train.max_steps))
-    probe.train.cooldown = 0.0
-    return probe
 
 
 def decide_members(cfg: Config, probed: dict, out_dir: Path) -> Config:
@@ -167,9 +160,10 @@ def average_members(run_dir: Path, out: Path, average_one: Callable[[Path, Path]
     finals, results = [], []
     for directory in member_dirs(run_dir):
         with writing_into(directory / "final.pt"):
-            _, tried = average_one(directory, directory / "final.pt")
+            state, tried = average_one(directory, directory / "final.pt")
         finals.append(directory / "final.pt")
         results += [{"member": directory.name, **result} for result in tried]
-    state = combine(finals) if len(finals) > 1 else checkpoint.load(finals[0])  # one: a run that chose one model
+    if len(finals) > 1:  # else a run that chose one model (train.member_min_steps): its one average is the run's
+        state = combine(finals)
     checkpoint.save(state, out)
     return state, results
