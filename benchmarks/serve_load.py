@@ -117,10 +117,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def under_load(command: list[str], sentences: list[str], expected: list[str], concurrency: int) -> dict:
+def under_load(command: list[str], sentences: list[str], expected: list[str], concurrency: int,
+               cwd: Path | None = None) -> dict:
+    """One server (`command`, started in `cwd`) under one concurrency; see the module's docstring."""
     port = free_port()
     server = subprocess.Popen([sys.executable, *command, "--port", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+                              stderr=subprocess.DEVNULL, cwd=cwd)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, server)

@@ -97,6 +97,8 @@ class Batcher:
 
     async def queue(self, pending: Pending) -> Any:
         with self.ready:
+            if len(self.waiting) >= self.max_waiting:  # those whose callers gave up make room first
+                self.waiting = deque(p for p in self.waiting if not p.future.done())
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"{len(self.waiting)} requests are waiting")
             self.waiting.append(pending)

@@ -1,9 +1,12 @@
 """Batching across requests without a model: how a steady load of clients is grouped into model calls."""
 
 import asyncio
+import threading
 import time
 
-from mt.batcher import Batcher
+import pytest
+
+from mt.batcher import Batcher, QueueFull
 from mt.search import Hypothesis
 
 
@@ -29,3 +32,33 @@ def test_clients_that_send_again_as_soon_as_answered_fill_each_call_instead_of_a
     # clients. Taking only what waits would alternate calls of those answered last and the others: 5, 3, 5, 3...
     assert sum(calls) == 32
     assert calls[-3:] == [8, 8, 8] and len(calls) <= 5, calls
+
+
+def test_a_request_whose_caller_gave_up_makes_room_in_a_full_queue():
+    release = threading.Event()
+
+    def translate(lines, settings):
+        release.wait(10)
+        return [[Hypothesis([len(line)], 0.0, 0.0)] for line in lines]
+
+    batcher = Batcher(lambda: translate, max_waiting=1)
+
+    async def go():
+        busy = asyncio.ensure_future(batcher.submit(["a"], (5, 1.0, 1)))
+        for _ in range(500):  # until the worker has taken "a": it is then held in its call
+            await asyncio.sleep(0.01)
+            if not batcher.depth:
+                break
+        gave_up = asyncio.ensure_future(batcher.submit(["bb"], (5, 1.0, 1)))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):  # the queue's one place is taken
+            await batcher.submit(["ccc"], (5, 1.0, 1))
+        gave_up.cancel()  # its caller timed out: mt serve withdraws it
+        kept = asyncio.ensure_future(batcher.submit(["dddd"], (5, 1.0, 1)))
+        await asyncio.sleep(0.01)
+        release.set()
+        return await busy, await kept
+
+    busy, kept = asyncio.run(go())
+    batcher.stop()
+    assert busy == [[Hypothesis([1], 0.0, 0.0)]] and kept == [[Hypothesis([4], 0.0, 0.0)]]
