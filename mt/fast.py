@@ -37,7 +37,7 @@ from torch import Tensor, nn
 import mt.loss
 from mt.dropout import Dropout, dropout
 from mt.errors import MtError
-from mt.linear import Linear, linear, native_bf16, prefers_onednn
+from mt.linear import Linear, native_bf16, onednn_linear, prefers_onednn
 from mt.model import CrossAttention, SelfAttention, Transformer, attention
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -185,8 +185,8 @@ class FrozenLinear(nn.Module):
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        if prefers_onednn(x, self.weight_t):
-            return linear(x, self.weight_t.t(), self.bias)
+        if prefers_onednn(x, self.weight_t):  # a frozen layer has no gradient: the kernel, without autograd
+            return onednn_linear(x.reshape(-1, x.size(-1)), x.shape, self.weight_t.t(), self.bias)
         flat = x.reshape(-1, x.size(-1))
         y = flat @ self.weight_t if self.bias is None else torch.addmm(self.bias, flat, self.weight_t)
         return y.view(*x.shape[:-1], y.size(-1))
