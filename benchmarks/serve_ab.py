@@ -41,7 +41,7 @@ def main() -> None:
     with gzip.open(args.mirror / "multi30k" / f"test_2016_flickr.{loaded.state['langs']['src']}.gz", "rt",
                    encoding="utf-8") as f:
         sentences = f.read().splitlines()[:args.sentences]
-    trees, levels = [" ".join(v.split(maxsplit=1)) for v in args.variants], [int(c) for c in args.concurrency.split(",")]
+    trees, levels = args.variants, [int(c) for c in args.concurrency.split(",")]
     rounds = []
     for r in range(args.rounds):
         offline = serve_load.offline(loaded, sentences)
@@ -50,7 +50,8 @@ def main() -> None:
         for tree in trees if r % 2 == 0 else trees[::-1]:
             path, *options = shlex.split(tree)
             # The server imports mt from its tree: started there, since Python puts its working directory first.
-            os.environ["PYTHONPATH"] = path = str(Path(path).resolve())
+            path = str(Path(path).resolve())
+            os.environ["PYTHONPATH"] = path
             for c in levels:
                 row["servers"][f"{tree} {c}"] = serve_load.under_load(
                     ["-m", "mt", "serve", str(args.checkpoint.resolve()), *options], sentences, expected, c, path)

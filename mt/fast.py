@@ -186,7 +186,7 @@ class FrozenLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if prefers_onednn(x, self.weight_t):  # a frozen layer has no gradient: the kernel, without autograd
-            return onednn_linear(x.reshape(-1, x.size(-1)), x.shape, self.weight_t.t(), self.bias)
+            return onednn_linear(x, self.weight_t.t(), self.bias)
         flat = x.reshape(-1, x.size(-1))
         y = flat @ self.weight_t if self.bias is None else torch.addmm(self.bias, flat, self.weight_t)
         return y.view(*x.shape[:-1], y.size(-1))

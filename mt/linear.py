@@ -78,7 +78,7 @@ class OneDnnLinear(torch.autograd.Function):
         flat = x.reshape(-1, x.size(-1))
         ctx.save_for_backward(flat, weight)
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        return onednn_linear(flat, x.shape, weight, bias)
+        return onednn_mm(flat, weight, bias).view(*x.shape[:-1], weight.size(0))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -90,9 +90,9 @@ class OneDnnLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
-def onednn_linear(flat: Tensor, shape: torch.Size, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """The forward of `OneDnnLinear`: `flat` is x (shape) as (N, in)."""
-    return onednn_mm(flat, weight, bias).view(*shape[:-1], weight.size(0))
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., in) @ weight^T + bias through oneDNN, without autograd: for decoding, where nothing needs a gradient."""
+    return onednn_mm(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], weight.size(0))
 
 
 def onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -119,7 +119,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear, through oneDNN for fp32 on CPU where that is faster (see the module docstring)."""
     if prefers_onednn(x, weight):
         if not torch.is_grad_enabled():  # decoding: the same kernel without autograd.Function's cost per call
-            return onednn_linear(x.reshape(-1, x.size(-1)), x.shape, weight, bias)
+            return onednn_linear(x, weight, bias)
         return OneDnnLinear.apply(x, weight, bias)
     return F.linear(x, weight, bias)
 
