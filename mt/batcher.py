@@ -9,8 +9,9 @@ order. An idle worker starts on a lone request at once: there is no waiting wind
 Just after a call, the callers it answered are often about to send their next request. Taking only what waits
 then splits a steady load of N clients into calls of about N/2, alternating, while a call's time grows far more
 slowly than its lines. So after a call the worker gives those callers up to `REFILL` of the call's own time to
-come back, and starts as soon as as many requests wait as were waiting or answered then, or the token budget is
-full. A lone client loses nothing: its next request meets the count on arrival.
+come back, and starts as soon as as many requests wait as were waiting when the answers went out plus those
+answered, or the token budget is full. A lone client loses nothing: its next request meets the count on arrival,
+even when it is back before the worker starts waiting.
 
 All of a model's PyTorch work runs on its worker thread, loading included: a second thread running parallel
 PyTorch ops starts a second OpenMP thread team, and the two teams fight over the cores (single-sentence
@@ -124,10 +125,10 @@ class Batcher:
             return
         finally:
             self.started.set()
-        answered, took = 0, 0.0  # requests of the last model call, and its seconds
+        answered, took, before = 0, 0.0, 0  # the last call's requests and seconds, and how many waited beside it
         while True:
             with self.ready:
-                self.refill(answered, took)
+                self.refill(before + answered, took)
                 while not self.waiting and not self.stopping:
                     self.ready.wait()
                 if not self.waiting:
@@ -135,13 +136,13 @@ class Batcher:
                 group = self.take()
             if group:
                 started = time.monotonic()
-                self.run(group)
+                before = self.run(group)
                 answered, took = len(group), time.monotonic() - started
 
-    def refill(self, answered: int, took: float) -> None:
-        """With `ready` held: wait until the callers just answered have come back, for at most REFILL of the
-        last call's time (see the module's docstring)."""
-        want = min(len(self.waiting) + answered, self.max_waiting) if self.batch_tokens else 0  # 0: a request a call
+    def refill(self, expected: int, took: float) -> None:
+        """With `ready` held: wait until `expected` requests wait (those that waited as the last call's answers went
+        out, and its callers, back), for at most REFILL of the last call's time (see the module's docstring)."""
+        want = min(expected, self.max_waiting) if self.batch_tokens else 0  # 0: a request a call
         until = time.monotonic() + REFILL * took
         while len(self.waiting) < want and sum(p.tokens for p in self.waiting) < self.batch_tokens \
                 and not self.stopping and (left := until - time.monotonic()) > 0:
@@ -166,22 +167,29 @@ class Batcher:
                 self.waiting.append(pending)
         return group
 
-    def run(self, group: list[Pending]) -> None:
+    def run(self, group: list[Pending]) -> int:
+        """Translate the group and hand each request its lines; returns how many requests waited as the answers
+        went out (a caller answered may be back before the worker next looks: it is not one of these)."""
         lines = [line for pending in group for line in pending.lines]
         try:
             if group[0].call is not None:
-                return group[0].loop.call_soon_threadsafe(set_result, group[0].future, group[0].call())
+                result = group[0].call()
+                waiting = len(self.waiting)
+                group[0].loop.call_soon_threadsafe(set_result, group[0].future, result)
+                return waiting
             results = self.translate(lines, group[0].settings)
         except Exception as error:  # the callers get the error; the worker lives on for the next requests
+            waiting = len(self.waiting)
             for pending in group:
                 pending.loop.call_soon_threadsafe(set_exception, pending.future, error)
-            return
-        self.stats.record(len(group), len(lines))
-        start = 0
+            return waiting
+        waiting, start = len(self.waiting), 0
         for pending in group:
             part = results[start:start + len(pending.lines)]
             start += len(pending.lines)
             pending.loop.call_soon_threadsafe(set_result, pending.future, part)
+        self.stats.record(len(group), len(lines))
+        return waiting
 
 
 def set_result(future: asyncio.Future, value) -> None:
