@@ -5,15 +5,15 @@ per request, as users write today), and each concurrency, the first `--sentences
 as one-line requests by `concurrency` clients: sentences/s, latency p50/p95/p99, whether every answer equals the
 offline translation, and the load generator's own CPU use (it shares the machine; it speaks HTTP/1.1 over raw
 keep-alive connections, the leanest client Python has). Offline: the same sentences and settings through
-`translate_lines` in this process, the model loaded; and one sentence at a time, for the latency of a lone
-request. Loopback only; bounded in requests.
+`translate_lines` in this process, the model loaded (with --compile, compiled, as the servers then are); and one
+sentence at a time, for the latency of a lone request. Loopback only; bounded in requests.
 
 The machine is shared and noisy, so everything is measured `--rounds` times, each round offline and then every
 server and concurrency once (a fresh server each time); the report gives each figure's median over the rounds,
 its range, and the medians of the per-round ratios to offline (`vs_offline`).
 
     python benchmarks/serve_load.py CHECKPOINT [--ct2 EXPORT_DIR] [--sentences 500] [--concurrency 1,8,64]
-                                    [--rounds 3]
+                                    [--rounds 3] [--compile]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import httpx
 import torch
 
 from mt.checkpoint import load_model
-from mt.translate import Options, translate_lines
+from mt.translate import Options, compiled, translate_lines
 
 
 def main() -> None:
@@ -45,17 +45,20 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--concurrency", default="1,8,64")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="compile the decoding step, offline and in the servers")
     parser.add_argument("--ct2-server", type=Path, help=argparse.SUPPRESS)  # run the per-request CTranslate2 server
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ct2_server:
         return ct2_server(args.ct2_server, args.port)
     loaded = load_model(args.checkpoint)
+    if args.compile:
+        compiled(loaded, Options.from_config(loaded.config.decode), torch.device("cpu"))
     src = loaded.state["langs"]["src"]
     with gzip.open(args.mirror / "multi30k" / f"test_2016_flickr.{src}.gz", "rt", encoding="utf-8") as f:
         sentences = f.read().splitlines()[:args.sentences]
-    servers = {"mt serve": ["-m", "mt", "serve", str(args.checkpoint)],
-               "mt serve --no-batching": ["-m", "mt", "serve", str(args.checkpoint), "--no-batching"]}
+    serve = ["-m", "mt", "serve", str(args.checkpoint), *(["--compile"] if args.compile else [])]
+    servers = {"mt serve": serve, "mt serve --no-batching": [*serve, "--no-batching"]}
     if args.ct2:
         servers["CTranslate2, one call per request"] = [__file__, str(args.checkpoint), "--ct2-server", str(args.ct2)]
     rounds = []
@@ -163,7 +166,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def wait_ready(url: str, server: subprocess.Popen) -> None:
-    for _ in range(600):
+    for _ in range(3000):  # a compiling server takes a minute or two
         if server.poll() is not None:
             raise SystemExit(f"the server exited with {server.returncode}")
         try:

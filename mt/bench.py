@@ -27,12 +27,12 @@ from mt.config import Config, ModelConfig
 from mt.data import Batch, Split, collate, epoch_batches, pad
 from mt.device import autocast_dtype, pick_device
 from mt.errors import MtError
-from mt.fast import PRECISIONS, for_inference, for_training
+from mt.fast import PRECISIONS, compile_decoding, for_inference, for_training
 from mt.model import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import Options, autocast, translate_lines
+from mt.translate import Options, autocast, compiled, translate_lines
 
 PRESETS = {
     "small": dict(d_model=256, n_heads=4, n_enc_layers=3, n_dec_layers=3, d_ff=1024),
@@ -84,6 +84,8 @@ def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device) -
     lines = read_text(setting.input)[:n]
     opts = Options.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
     opts.batch_tokens = setting.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
+    if setting.compile:
+        compiled(loaded, opts, device)
     counted: list[int] = [0]
 
     def run() -> None:
@@ -98,6 +100,8 @@ def preset_workload(setting: TranslateBench, n: int, device: torch.device) -> tu
     model = preset_model(setting.preset, setting.seed).to(device)
     parameters = count_parameters(model)
     model = for_inference(model, setting.precision)
+    if setting.compile:
+        compile_decoding(model)  # compiled in the warm-up run
     g = torch.Generator().manual_seed(setting.seed)
     srcs = [torch.randint(4, VOCAB, (setting.src_len,), generator=g).tolist() for _ in range(n)]
     batches = [pad(srcs[i:i + setting.batch], [], [EOS]).to(device) for i in range(0, n, setting.batch)]

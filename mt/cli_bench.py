@@ -26,6 +26,7 @@ def bench_translate(
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TranslateBench.device,
     threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TranslateBench.threads,
     runs: Annotated[int, typer.Option(min=1, help="Timed runs; the median is reported.")] = TranslateBench.runs,
+    compile: Annotated[bool, typer.Option("--compile", help="Compile the decoding step first, as mt translate --compile.")] = TranslateBench.compile,
     grid: Annotated[bool, typer.Option(help="Run the standard grid, one process per setting.")] = False,
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
@@ -40,7 +41,7 @@ def bench_translate(
     result = bench_translate(TranslateBench(
         preset=preset, checkpoint=str(checkpoint) if checkpoint else None, input=str(input) if input else None,
         beam=beam, batch=batch, sentences=sentences, src_len=src_len, tgt_len=tgt_len, precision=precision,
-        threads=threads, runs=runs, device=device))
+        threads=threads, runs=runs, device=device, compile=compile))
     typer.echo(json.dumps(result) if json_ else summary(result))
 
 

@@ -17,6 +17,7 @@ Decoding (`for_inference`):
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
 - int8 (a precision, not only a fast path): dynamically quantized linears; `Bf16Linear` for the output layer
   where the CPU multiplies bf16 in hardware.
+- `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused.
 
 Switches (environment variables):
 - `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
@@ -95,6 +96,17 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
         swap_children(model, lambda child: FrozenLinear(child) if type(child) in (nn.Linear, Linear) else None)
         set_attention(model, attention, matmul_attention)
     return model.eval()
+
+
+def compile_decoding(model: nn.Module) -> nn.Module:
+    """The model with each Transformer's decoding step (`step_layers`: layers and output layer) compiled by
+    torch.compile, in place. A step runs dozens of small ops whose fixed costs outweigh their work on a few rows,
+    so this pays most on small batches: a lone sentence, a server's calls. The first steps of each new kind of
+    shape compile (a lone sentence, a batch: `mt.translate.compiled` runs both at load)."""
+    for module in model.modules():
+        if isinstance(module, Transformer):
+            module.step_layers = torch.compile(module.step_layers, dynamic=True)
+    return model
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:

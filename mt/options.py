@@ -32,6 +32,7 @@ class TranslateRequest:
     head: int | None = None  # within `layer`: None is the mean of its heads
     engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
     to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
+    compile: bool = False  # torch.compile the decoding step (mt.fast.compile_decoding)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class TranslateBench:
     runs: int = 5
     seed: int = 0
     device: str = DEVICE
+    compile: bool = False
 
 
 @dataclass
@@ -87,6 +89,7 @@ class ServeOptions:
     timeout: float = 60.0  # seconds a request may wait and be translated
     batching: bool = True  # batch concurrent requests together (off: one request per model call)
     threads: int = 0  # CPU threads of the models' PyTorch work; 0: PyTorch's choice
+    compile: bool = False  # torch.compile each model's decoding step, at load
 
 
 SERVE = ServeOptions()

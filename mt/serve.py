@@ -10,6 +10,7 @@ The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import time
 from contextlib import asynccontextmanager
@@ -34,7 +35,7 @@ from mt.lines import read_text
 from mt.options import ServeOptions
 from mt.search import Hypothesis
 from mt.servemetrics import CountAnswers, Metrics
-from mt.translate import Options, encode_lines, load_any, translate_lines
+from mt.translate import Options, compiled, encode_lines, load_any, translate_lines
 
 LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "fr": "French"}
 
@@ -63,6 +64,9 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
             if options.threads:
                 torch.set_num_threads(options.threads)
             holder["loaded"] = load_any(path, device, options.precision)
+            if options.compile:
+                compiled(holder["loaded"], Options.from_config(holder["loaded"].config.decode,
+                                                               precision=options.precision), device)
             return translator(holder["loaded"], device, options.precision)
         batcher = Batcher(setup, options.max_waiting, name=path.name)
         loaded = holder["loaded"]
@@ -346,4 +350,7 @@ def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
     import uvicorn
 
     app = create_app(load_models(paths, names, options), options)
+    # What loading left (the models, compiled code) lives as long as the server: out of the garbage collector's
+    # full passes, which walk every object and would stall requests (about 0.1 s a pass, 0.5 s with --compile).
+    gc.freeze()
     uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30)

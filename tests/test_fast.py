@@ -9,6 +9,7 @@ import mt.linear
 import mt.loss
 import mt.model
 from mt.bench import preset_model
+from mt.config import DecodeConfig
 from mt.data import pad
 from mt.dropout import Dropout
 from mt.errors import MtError
@@ -24,6 +25,7 @@ from mt.linear import Linear
 from mt.model import attention
 from mt.search import beam_search, greedy
 from mt.tokenizer import BOS, EOS, PAD
+from mt.translate import Options, compiled, translate_lines
 
 from .conftest import tiny_model
 from .test_linear import force_cpu_matmul
@@ -211,3 +213,17 @@ def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
     assert [h.tokens for h in greedy(model, src)] == [h.tokens for h in greedy(frozen, src)]
     assert [[h.tokens for h in hs] for hs in beam_search(model, src, 3, nbest=3)] == \
         [[h.tokens for h in hs] for hs in beam_search(frozen, src, 3, nbest=3)]
+
+
+def test_compiled_decoding_translates_as_the_eager_model(loaded):
+    """`--compile`: the same n-best lists, in a batch and alone, after `compiled` has compiled at load."""
+    lines = ["the cat sat on the mat", "a dog", "big red tree runs under the blue mat", ""]
+    opts, cpu = Options.from_config(DecodeConfig(), beam=4, nbest=2), torch.device("cpu")
+    for_inference(loaded.model, "fp32")
+
+    def translated():
+        return [[[h.tokens for h in hyps] for hyps in translate_lines(loaded, batch, opts, cpu)]
+                for batch in (lines, lines[1:2], lines[2:3])]
+    eager = translated()
+    compiled(loaded, opts, cpu)
+    assert translated() == eager
