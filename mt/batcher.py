@@ -171,24 +171,25 @@ class Batcher:
         """Translate the group and hand each request its lines; returns how many requests waited as the answers
         went out (a caller answered may be back before the worker next looks: it is not one of these)."""
         lines = [line for pending in group for line in pending.lines]
+        parts, error = [], None
         try:
             if group[0].call is not None:
-                result = group[0].call()
-                waiting = len(self.waiting)
-                group[0].loop.call_soon_threadsafe(set_result, group[0].future, result)
-                return waiting
-            results = self.translate(lines, group[0].settings)
-        except Exception as error:  # the callers get the error; the worker lives on for the next requests
-            waiting = len(self.waiting)
-            for pending in group:
+                parts = [group[0].call()]
+            else:
+                results, start = self.translate(lines, group[0].settings), 0
+                for pending in group:
+                    parts.append(results[start:start + len(pending.lines)])
+                    start += len(pending.lines)
+        except Exception as caught:  # the callers get the error; the worker lives on for the next requests
+            error = caught
+        waiting = len(self.waiting)
+        for pending, part in zip(group, parts or [None] * len(group), strict=True):
+            if error is None:
+                pending.loop.call_soon_threadsafe(set_result, pending.future, part)
+            else:
                 pending.loop.call_soon_threadsafe(set_exception, pending.future, error)
-            return waiting
-        waiting, start = len(self.waiting), 0
-        for pending in group:
-            part = results[start:start + len(pending.lines)]
-            start += len(pending.lines)
-            pending.loop.call_soon_threadsafe(set_result, pending.future, part)
-        self.stats.record(len(group), len(lines))
+        if error is None and group[0].call is None:
+            self.stats.record(len(group), len(lines))
         return waiting
 
 

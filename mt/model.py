@@ -290,7 +290,6 @@ class Transformer(nn.Module):
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam)
 
-
     def step_layers(self, x: Tensor, self_k: list[Tensor], self_v: list[Tensor], t: int, mem_k: list[Tensor],
                     mem_v: list[Tensor], src_mask: Tensor) -> Tensor:
         """The decoder layers and the output layer for one step at position t: logits (B, V) of x (B, 1, D).
