@@ -283,7 +283,7 @@ def report(
 
 @app.command()
 def plot(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by `mt train`; several are drawn on one chart.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by `mt train` (or their log.jsonl files); several are drawn on one chart.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The PNG file to write.")] = Path("curves.png"),
     x: Annotated[Literal["step", "minutes"], typer.Option(help="Against steps, or minutes of training (runs at equal time).")] = "step",
 ) -> None:

@@ -48,7 +48,7 @@ def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr, x: str
     if not run_dirs:
         raise MtError("no run directories to plot")
     check_output(out, "--out", create_parent=True)
-    logs = [read_log(Path(d) / "log.jsonl", warn) for d in run_dirs]
+    logs = [read_log(log_path(Path(d)), warn) for d in run_dirs]
     labels = run_labels([Path(d) for d in run_dirs])
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)  # render with Agg whatever backend the user's matplotlib defaults to
@@ -76,9 +76,14 @@ def plot_runs(run_dirs: list[Path], out: Path, warn: TextIO = sys.stderr, x: str
     return save_figure(fig, Path(out))
 
 
+def log_path(run: Path) -> Path:
+    """A run directory's `log.jsonl`, or the path itself where it names a log file (one kept in docs/logs/)."""
+    return run if run.is_file() else run / "log.jsonl"
+
+
 def run_labels(run_dirs: list[Path]) -> list[str]:
-    """Each run's directory name; the whole path where two runs share a name (runs/a/x vs runs/b/x)."""
-    names = [d.resolve().name for d in run_dirs]
+    """Each run's directory name (a log file's stem); the whole path where two runs share a name."""
+    names = [d.resolve().stem if d.is_file() else d.resolve().name for d in run_dirs]
     return [name if names.count(name) == 1 else str(d) for name, d in zip(names, run_dirs, strict=True)]
 
 

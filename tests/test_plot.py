@@ -79,3 +79,12 @@ def test_against_minutes_each_record_is_placed_by_the_validations_elapsed_time(t
     result = CliRunner().invoke(app, ["plot", str(run_dir), "--x", "minutes", "--out", str(tmp_path / "c.png")])
     assert result.exit_code == 0, result.output
     assert imread(tmp_path / "c.png").std() > 0
+
+
+def test_a_log_kept_apart_from_its_run_plots_as_the_run_does(run, tmp_path):
+    kept = tmp_path / "logs" / f"{run.name}.jsonl"  # docs/logs/ keeps the logs of the runs results.md compares
+    kept.parent.mkdir()
+    kept.write_bytes((run / "log.jsonl").read_bytes())
+    from_run = imread(plot_runs([run], tmp_path / "run.png"))
+    from_log = imread(plot_runs([kept], tmp_path / "log.png"))
+    assert (from_run == from_log).all()  # same curves, same legend label
