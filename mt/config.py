@@ -35,6 +35,9 @@ class ModelConfig:
     tgt_vocab_size: int = 0
     share_embeddings: bool = True  # one table for source, target and output; needs a joint vocabulary
     tie_output: bool = True  # output projection = target embedding table
+    # Generate the target last piece first (outputs are turned back before detokenizing): a second view of the
+    # pair, to rerank a left-to-right model's n-best (benchmarks/rerank_valid.py)
+    right_to_left: bool = False
 
 
 @dataclass

@@ -72,10 +72,13 @@ def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | Bo
     return [BothWays(split, tags(data_dir)) for split in splits] if two_way else splits
 
 
-def valid_split(data_dir: str | Path, two_way: bool = False) -> Split | Tagged:
-    """The validation pairs as the model reads them: a two-way model's sources led by the target's tag."""
+def valid_split(data_dir: str | Path, two_way: bool = False, right_to_left: bool = False
+                ) -> Split | Tagged | RightToLeft:
+    """The validation pairs as the model reads them: a two-way model's sources led by the target's tag, a
+    right-to-left model's targets last piece first."""
     split = Split(data_dir, "valid")
-    return Tagged(split, tags(data_dir)[0]) if two_way else split
+    split = Tagged(split, tags(data_dir)[0]) if two_way else split
+    return RightToLeft(split) if right_to_left else split
 
 
 def tags(data_dir: str | Path) -> tuple[int, int]:
@@ -149,10 +152,27 @@ class Tagged:
         return np.concatenate((self.lead, self.split.src(i)))
 
 
-def epoch_split(splits: list[Split], epoch: int, both_ways_epochs: int = 0) -> Split | BothWays:
-    """The one of `train_splits` that epoch `epoch` reads; read both ways in the first `both_ways_epochs`."""
+class RightToLeft:
+    """A split, as a `Split`, whose every target is read last piece first: a right-to-left model's data."""
+
+    def __init__(self, split: Split | BothWays | Tagged):
+        self.split, self.name = split, split.name
+        self.src, self.src_lens, self.tgt_lens = split.src, split.src_lens, split.tgt_lens
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.split.tgt(i)[::-1]
+
+
+def epoch_split(splits: list[Split], epoch: int, both_ways_epochs: int = 0, right_to_left: bool = False
+                ) -> Split | BothWays | RightToLeft:
+    """The one of `train_splits` that epoch `epoch` reads; read both ways in the first `both_ways_epochs`, and
+    its targets last piece first for a right-to-left model."""
     split = splits[epoch % len(splits)]
-    return BothWays(split) if epoch < both_ways_epochs else split
+    split = BothWays(split) if epoch < both_ways_epochs else split
+    return RightToLeft(split) if right_to_left else split
 
 
 def load_tokenizers(data_dir: Path) -> tuple[Tokenizer, Tokenizer, dict]:
@@ -284,7 +304,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
     train_cfg, max_len = cfg.train, cfg.model.max_len
     per_step = world * train_cfg.accumulate
     while True:
-        split = epoch_split(splits, epoch, train_cfg.both_ways_epochs)
+        split = epoch_split(splits, epoch, train_cfg.both_ways_epochs, cfg.model.right_to_left)
         tgt_lens = split.tgt_lens  # a property that computes them: once an epoch, not once a batch
         batches = epoch_batches(split, train_cfg.max_tokens, max_len, train_cfg.seed, epoch)
         if len(batches) < per_step:

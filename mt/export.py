@@ -35,6 +35,9 @@ def export(source: str | Path, to: str, out: str | Path, quantization: str = "fl
     if (state["config"].get("train") or {}).get("two_way"):  # its engine would not know to lead with the tag
         raise MtError(f"{source}: a two-way model (train.two_way) reads a target tag before each source, which "
                       f"--to {to} does not write yet; export a model of one direction")
+    if state["config"]["model"].get("right_to_left"):  # its engine would print the pieces last first
+        raise MtError(f"{source}: a right-to-left model (model.right_to_left) is a reranker, which --to {to} "
+                      f"would print backwards; export the left-to-right model")
     writer = target_module(to)
     if quantization not in writer.QUANTIZATIONS:
         raise MtError(f"--quantization {quantization}: not for --to {to}; choose one of "

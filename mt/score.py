@@ -39,6 +39,8 @@ def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: 
     model = loaded.model
     srcs = [loaded.lead + s for s in loaded.src_tok.encode([s.strip() for s in sources])]  # lead: a two-way tag
     tgts = loaded.tgt_tok.encode([t.strip() for t in targets])
+    if model.cfg.right_to_left:  # it reads a target last piece first
+        tgts = [t[::-1] for t in tgts]
     limit = model.cfg.max_len - 1  # room for EOS (source) or BOS (target)
     for side, seqs in (("source", srcs), ("target", tgts)):
         for i, seq in enumerate(seqs):

@@ -19,7 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mt import checkpoint, distributed
-from mt.config import Config, to_dict, validate
+from mt.config import Config, from_dict, to_dict, validate
 from mt.data import (
     Batch,
     Prefetch,
@@ -98,14 +98,14 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
     if saved is not None:
         checkpoint.check_same_vocabulary(saved, resumed_from, src_tok, tgt_tok, data_dir)
     fit_vocab(cfg, src_tok, tgt_tok, meta.get("joint", True))
-    if saved is not None and to_dict(cfg)["model"] != saved["config"]["model"]:
+    if saved is not None and from_dict(saved["config"]).model != cfg.model:  # keys added since count as defaults
         raise MtError(f"{resumed_from}: the model config differs from the run's; a resumed run keeps its model")
     if init_path is not None:
         init = load_init(init_path, cfg, src_tok, tgt_tok, meta)
     has_valid = (data_dir / "valid.src.ids.npy").is_file()
     return Run(cfg, out_dir, device, autocast_dtype(cfg.train.precision, device), rank, world, src_tok, tgt_tok,
                {"src": meta.get("src"), "tgt": meta.get("tgt")}, train_splits(data_dir, cfg.train.two_way),
-               valid_split(data_dir, cfg.train.two_way) if has_valid else None,
+               valid_split(data_dir, cfg.train.two_way, cfg.model.right_to_left) if has_valid else None,
                read_text(data_dir / "valid.tgt.txt") if has_valid else None,
                RunLog(rank == 0, progress), resumed_from, saved, init)
 

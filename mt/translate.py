@@ -152,6 +152,9 @@ def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> A
     n_layers, n_heads = loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads
     if nbest > 1:
         raise MtError("--attention and --alignments show the best translation only; drop --nbest")
+    if loaded.model.cfg.right_to_left:
+        raise MtError("--attention and --alignments need a left-to-right model; this one reads its output last "
+                      "piece first (model.right_to_left)")
     if head is not None and layer is None:
         raise MtError("--head picks a head within a layer: give --layer too")
     if layer is not None and not 0 <= layer < n_layers:
@@ -295,6 +298,10 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
                                    opts.nbest)
         for i, h in zip(idx, hyps, strict=True):
             results[i] = h
+    if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them
+        for hyps in results:
+            for h in hyps:
+                h.tokens.reverse()
     return results
 
 

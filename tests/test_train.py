@@ -114,12 +114,13 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 def as_written_by_earlier_versions(path, ema: float = 0.0) -> None:
     """Rewrite a resumable checkpoint as earlier versions wrote it: `best_bleu` and `stale` for today's names and
-    `train.ema` in its config; with `ema`, the raw weights as "weights" and their moving average as "model"."""
+    `train.ema` in its config and no `model.right_to_left`; with `ema`, the raw weights as "weights" and their moving average as "model"."""
     state = checkpoint.load(path)
     saved = state["train"]
     saved["best_bleu"] = saved.pop("best_score")
     saved["position"]["stale"] = saved["position"].pop("validations_since_best")
     state["config"]["train"]["ema"] = ema
+    del state["config"]["model"]["right_to_left"]  # a key added since
     if ema:
         saved["weights"] = state["model"]
         state["model"] = {name: tensor * 0.5 for name, tensor in state["model"].items()}  # some other weights
