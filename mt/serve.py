@@ -315,6 +315,7 @@ def align(served: Served, lines: list[str], results: list[list[Hypothesis]]) -> 
     loaded = served.loaded
     if not isinstance(loaded.model, torch.nn.Module):
         raise ApiError(400, "alignments need mt's own model, not a CTranslate2 export")
+    refuse_right_to_left(loaded, "alignments")
     srcs = encode_lines(loaded, lines, warn=io.StringIO())
     todo = [i for i, hyps in enumerate(results) if hyps]
     weights = pair_attention(loaded.model, [srcs[i] for i in todo], [results[i][0].tokens for i in todo])
@@ -324,12 +325,19 @@ def align(served: Served, lines: list[str], results: list[list[Hypothesis]]) -> 
     return aligned
 
 
+def refuse_right_to_left(loaded: Loaded, what: str) -> None:
+    if loaded.model.cfg.right_to_left:  # its attention rows run last piece first
+        raise ApiError(400, f"no {what} from a right-to-left model (model.right_to_left): it reads its output last "
+                            "piece first; ask without them, or serve a left-to-right model")
+
+
 def attention_map(served: Served, line: str, hyps: list[Hypothesis]) -> dict:
     """The page's heatmap: source and target pieces (each with EOS) and the mean cross-attention, a row per
     target piece."""
     loaded = served.loaded
     if not isinstance(loaded.model, torch.nn.Module):
         raise ApiError(400, "attention needs mt's own model, not a CTranslate2 export")
+    refuse_right_to_left(loaded, "attention")
     src = encode_lines(loaded, [line], warn=io.StringIO())[0]
     text = render(served, hyps, 1, False)["text"]
     if src is None or not hyps:

@@ -105,3 +105,20 @@ def test_reranking_without_its_scores_keeps_the_beams_choice(trained, prepared, 
     tuned = float(re.search(r"tuned \(.*\): ([\d.]+)", result.stdout).group(1))
     assert float(re.search(r"'w 0 a [\d.]+': ([\d.]+)", result.stdout).group(1)) == tuned
     assert len(out.read_text(encoding="utf-8").splitlines()) == len((prepared / "valid.src.txt").read_text().splitlines())
+
+
+def test_served_it_translates_as_mt_translate_does_and_refuses_alignments(trained, prepared, tmp_path):  # noqa: F811
+    from .test_serve import client, mt_translate, run, serve_app
+
+    lines = sources(prepared)[:4]
+    app = serve_app(trained)
+
+    async def go():
+        async with client(app) as c:
+            plain = await c.post("/v1/translate", json={"text": lines})
+            aligned = await c.post("/v1/translate", json={"text": lines, "alignments": True})
+            return plain.json(), aligned
+
+    plain, aligned = run(go())
+    assert [t["text"] for t in plain["translations"]] == mt_translate(trained, lines, tmp_path)
+    assert aligned.status_code == 400 and "right-to-left" in aligned.json()["error"]
