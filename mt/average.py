@@ -17,6 +17,7 @@ import torch
 
 from mt import checkpoint
 from mt.checkpoint import from_state
+from mt.config import same_model
 from mt.errors import MtError
 from mt.lines import check_output
 from mt.members import average_members, member_dirs
@@ -65,7 +66,7 @@ def average(paths: list[Path]) -> dict[str, Any]:
     newest = first
     for path in paths[1:]:
         state = newest = checkpoint.load(path)
-        if state["config"]["model"] != first["config"]["model"] or state["spm"] != first["spm"]:
+        if not same_model(state["config"], first["config"]) or state["spm"] != first["spm"]:
             raise MtError(f"{path}: a different model or vocabulary than {paths[0]}; average checkpoints "
                           "of one run")
         for name in total:

@@ -178,6 +178,12 @@ def from_dict(raw: dict[str, Any]) -> Config:
     return cfg
 
 
+def same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two stored configs describe one architecture; a key added since either was written counts at its
+    default, so checkpoints from before and after it still average and ensemble."""
+    return from_dict(a).model == from_dict(b).model
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 

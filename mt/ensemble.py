@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from mt import checkpoint
 from mt.cache import DecoderCache
-from mt.config import from_dict
+from mt.config import same_model
 from mt.errors import MtError
 from mt.lines import check_output
 from mt.runlock import writing_into
@@ -83,7 +83,7 @@ def combine(paths: list[Path]) -> dict[str, Any]:
         if state["spm"] != first["spm"]:
             raise MtError(f"{path}: another vocabulary than {paths[0]}; ensemble models trained on one prepared data "
                           "directory")
-        if from_dict(state["config"]).model != from_dict(first["config"]).model:  # keys added since: defaults
+        if not same_model(state["config"], first["config"]):
             raise MtError(f"{path}: another architecture (model config) than {paths[0]}; ensemble models of one "
                           "config")
     members = [{"path": str(path), "step": state.get("step")} for path, state in zip(paths, states, strict=True)]

@@ -6,7 +6,7 @@ import torch
 from typer.testing import CliRunner
 
 from mt import checkpoint
-from mt.average import average_on_valid, average_run, choose
+from mt.average import average, average_on_valid, average_run, choose
 from mt.checkpoint import load_model
 from mt.cli import app
 from mt.errors import MtError
@@ -92,3 +92,11 @@ def test_mt_average_refuses_a_choice_it_cannot_make_in_one_line(run, tmp_path, a
     result = CliRunner().invoke(app, ["average", str(run), "--out", str(tmp_path / "avg.pt"), *args])
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and not (tmp_path / "avg.pt").exists()
+
+
+def test_checkpoints_from_before_a_model_key_existed_average_with_later_ones(run, tmp_path):
+    older = checkpoint.load(run / "checkpoint-30.pt")
+    del older["config"]["model"]["right_to_left"]  # written before the key existed, then the run was resumed
+    checkpoint.save(older, tmp_path / "checkpoint-30.pt")
+    averaged = average([tmp_path / "checkpoint-30.pt", run / "checkpoint-40.pt"])
+    assert averaged["metrics"]["averaged_steps"] == [30, 40]

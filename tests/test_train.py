@@ -114,7 +114,8 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 def as_written_by_earlier_versions(path, ema: float = 0.0) -> None:
     """Rewrite a resumable checkpoint as earlier versions wrote it: `best_bleu` and `stale` for today's names and
-    `train.ema` in its config and no `model.right_to_left`; with `ema`, the raw weights as "weights" and their moving average as "model"."""
+    `train.ema` in its config and no `model.right_to_left`; with `ema`, the raw weights as "weights" and their
+    moving average as "model"."""
     state = checkpoint.load(path)
     saved = state["train"]
     saved["best_bleu"] = saved.pop("best_score")
