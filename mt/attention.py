@@ -17,6 +17,7 @@ from torch import Tensor
 from mt.data import batch_by_tokens, pad, shift_targets
 from mt.ensemble import Ensemble
 from mt.model import Transformer, split_heads
+from mt.rerank import Reranked
 from mt.tokenizer import EOS, PAD
 
 
@@ -28,6 +29,8 @@ def cross_attention(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
     right-padded). Each row sums to 1 over the source's non-padding positions and is 0 on padding; rows of
     target padding are all 0.
     """
+    if isinstance(model, Reranked):  # the attention of the model that wrote the translation
+        return cross_attention(model.left, src, tgt)
     if isinstance(model, Ensemble):
         return torch.stack([cross_attention(member, src, tgt) for member in model.members]).mean(0)
     captured: list[Tensor] = []

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from mt import checkpoint
-from mt.checkpoint import from_state
+from mt.checkpoint import from_state, joined
 from mt.config import same_model
 from mt.errors import MtError
 from mt.lines import check_output
@@ -109,7 +109,9 @@ def summary(state: dict[str, Any], results: list[dict], out: Path) -> str:
     lines = [f"{r['member'] + '  ' if 'member' in r else ''}last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} "
              "(greedy)" for r in results]
     if "members" in state:
-        lines.append(f"{out}: an ensemble of {', '.join(m['path'] for m in state['metrics']['ensemble'])}")
+        paths = [m["path"] for m in state["metrics"]["ensemble"]] + ([state["metrics"]["reranker"]["path"]]
+                                                                     if "reranker" in state else [])
+        lines.append(f"{out}: {joined(state)} ({', '.join(paths)})")
     else:
         lines.append(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")
     return "\n".join(lines)

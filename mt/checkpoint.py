@@ -1,7 +1,8 @@
 """Checkpoints: self-contained (weights, resolved config, SentencePiece models), written atomically, loaded safely.
 
 A checkpoint is a plain dict saved with `torch.save`:
-  model: state_dict (an ensemble has `members` instead, a state_dict each: mt/ensemble.py) ·
+  model: state_dict (an ensemble has `members` instead, a state_dict each, and may have a right-to-left
+         `reranker`: mt/ensemble.py) ·
   config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} · langs: {"src": "de", "tgt": "en"}
   (a two-way model's, train.two_way: the direction it translates; `towards` turns it) ·
   step · metrics · init: {"from": path, "step": N} in a fine-tuned run's ·
@@ -220,9 +221,16 @@ def load(path: str | Path) -> dict[str, Any]:
 def weights(state: dict[str, Any], path: str | Path, needs: str) -> dict[str, Any]:
     """The model's state dict; an ensemble (several) is refused, naming what `needs` one model."""
     if "members" in state:
-        raise MtError(f"{path}: an ensemble of {len(state['members'])} models; {needs} needs one model: give the "
-                      f"checkpoint of one member ({', '.join(m['path'] for m in state['metrics']['ensemble'])})")
+        raise MtError(f"{path}: {joined(state)}; {needs} needs one model: give the checkpoint of one member "
+                      f"({', '.join(m['path'] for m in state['metrics']['ensemble'])})")
     return state["model"]
+
+
+def joined(state: dict[str, Any]) -> str:
+    """What an `mt ensemble` checkpoint holds, in words."""
+    count = len(state["members"])
+    reranker = " and a right-to-left model to rerank with" if "reranker" in state else ""
+    return (f"an ensemble of {count} models" if count > 1 else "a model") + reranker
 
 
 def _why(error: Exception) -> str:
@@ -270,11 +278,17 @@ def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precis
     """A checkpoint's state (as `load` returns it) made ready to translate with in `precision` (see
     `mt.fast.for_inference`); precision None keeps the plain model."""
     from mt.ensemble import Ensemble  # which builds on this module
+    from mt.rerank import Reranked
 
     cfg = from_dict(state["config"])
     members = [built(cfg, one, device, precision) for one in state.get("members") or [state["model"]]]
     parameters = sum(count for _, count in members)
-    model = Ensemble([m for m, _ in members]) if "members" in state else members[0][0]
+    model = Ensemble([m for m, _ in members]) if len(members) > 1 else members[0][0]
+    if "reranker" in state:
+        backward = from_dict(state["config"])
+        backward.model.right_to_left = True
+        right, count = built(backward, state["reranker"], device, precision)
+        model, parameters = Reranked(model, right), parameters + count
     src_tok = Tokenizer(state["spm"]["src"])
     lead = [src_tok.tag_id(state["langs"]["tgt"])] if cfg.train.two_way else []
     return Loaded(model, cfg, src_tok, Tokenizer(state["spm"]["tgt"]), state, parameters, lead)

@@ -196,14 +196,15 @@ def average(
 
 @app.command()
 def ensemble(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. averaged runs of different seeds).")],
+    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. averaged runs of different seeds), at most one of them right to left.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The ensemble checkpoint to write.")],
 ) -> None:
-    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions."""
+    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions; a right-to-left model (model.right_to_left) among them reranks the others' beam instead."""
+    from mt.checkpoint import joined
     from mt.ensemble import write_ensemble
 
     state = write_ensemble(checkpoints, out)
-    typer.echo(f"{out}: an ensemble of {len(state['members'])} models ({', '.join(str(c) for c in checkpoints)})")
+    typer.echo(f"{out}: {joined(state)} ({', '.join(str(c) for c in checkpoints)})")
 
 
 @app.command()
@@ -256,13 +257,14 @@ def tune(
     ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
     beams: Annotated[str, typer.Option(help="Beam sizes to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_BEAMS)),
     len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
+    rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_WEIGHTS)),
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, e.g. --to en: --out then translates into it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
     results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
-                                      to=to)
+                                      to=to, weights=rerank_weights)
     typer.echo(mt.tune.summary(results, out))
 
 

@@ -79,6 +79,9 @@ class TrainConfig:
     # fewer steps than this in its share of the time, the run trains one model for the whole budget instead
     # (member 1 goes on), as members that short lose more than their ensemble wins back. 0: always the members
     member_min_steps: int = 0
+    # With members: the last member trains right to left (model.right_to_left) and, instead of joining the others'
+    # ensemble, reranks their beam's K best (mt/rerank.py)
+    rerank: bool = False
     valid_every: int = 1000  # steps between validations (and checkpoints)
     keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
     max_bad_steps: int = 10  # non-finite steps in a row (each skipped) before training stops as diverged
@@ -102,6 +105,8 @@ class DecodeConfig:
     max_len_a: float = 1.5  # output length limit: a * source_length + b
     max_len_b: int = 10
     batch_tokens: int = 4096  # source tokens per translation batch
+    # With a right-to-left reranker in the checkpoint: w in (log P_l2r + w · log P_r2l) / (1 + w) (mt/rerank.py)
+    rerank_weight: float = 1.0
 
 
 @dataclass
@@ -145,8 +150,9 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
     if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
         for item in overrides:
             if item.strip().startswith(("model.", "train.members", "train.member_min_steps", "train.seed",
-                                        "train.shared")):
-                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds and trunk")
+                                        "train.shared", "train.rerank")):
+                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds, trunk and "
+                              "reranker")
         return load_config(Path(out_dir) / "config.yaml", overrides)
     last_path = Path(out_dir) / checkpoint.LAST
     if not last_path.is_file() and not checkpoint.numbered(out_dir):
@@ -224,7 +230,7 @@ def validate(cfg: Config) -> None:
                 "train.both_ways_epochs": 0, "train.member_min_steps": 0, "train.max_minutes": 0,
                 "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
-                "decode.max_len_a": 0, "decode.max_len_b": 0}
+                "decode.max_len_a": 0, "decode.max_len_b": 0, "decode.rerank_weight": 0}
     for key, least in at_least.items():
         if flat[key] < least:
             raise MtError(f"{key}={flat[key]}: must be at least {least}")
@@ -232,6 +238,10 @@ def validate(cfg: Config) -> None:
         raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
     if cfg.train.shared and cfg.train.members < 2:
         raise MtError(f"train.shared={cfg.train.shared}: the members share a trunk; set train.members to 2 or more")
+    if cfg.train.rerank and (cfg.train.members < 2 or cfg.train.shared or cfg.model.right_to_left):
+        raise MtError("train.rerank trains the last member right to left, to rerank the others' beam: it needs "
+                      "train.members of 2 or more, no shared trunk (train.shared: 0) and a left-to-right "
+                      "model (model.right_to_left: false)")
     if cfg.train.member_min_steps and cfg.train.shared:
         raise MtError(f"train.member_min_steps={cfg.train.member_min_steps} chooses between members and one model; "
                       "members that share a trunk (train.shared) cannot become one: set one of them to 0")

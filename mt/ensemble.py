@@ -5,7 +5,9 @@ each, where a single model's checkpoint has `model`) with the first member's con
 `mt translate`, `tune`, `report`, `score` and `serve` load it as one model: at every step the members'
 probabilities are averaged (the log of their mean, as fairseq and Marian ensemble), so mt's own greedy and beam
 search decode it unchanged. What needs one set of weights (export, fine-tuning, attention and alignments) refuses
-an ensemble and says so.
+an ensemble and says so. A right-to-left model (`model.right_to_left`) among the checkpoints does not join the
+average: it becomes the `reranker` of the others' K best (mt/rerank.py), and with it one left-to-right model is
+enough.
 """
 
 from __future__ import annotations
@@ -70,26 +72,42 @@ def mean_probabilities(logits: list[Tensor]) -> Tensor:
 
 
 def combine(paths: list[Path]) -> dict[str, Any]:
-    """The ensemble checkpoint of the translation checkpoints at `paths`: one vocabulary, one architecture; the
-    first gives the config (decoding defaults included) and the languages."""
-    if len(paths) < 2:
-        raise MtError(f"an ensemble needs at least two checkpoints; {len(paths)} given")
+    """The ensemble checkpoint of the translation checkpoints at `paths`: one vocabulary, one architecture (a
+    right-to-left reranker differs in that alone); the first left-to-right one gives the config (decoding defaults
+    included) and the languages."""
     states = [checkpoint.load(path) for path in paths]
-    first = states[0]
+    backward = [i for i, state in enumerate(states) if right_to_left(state)]
+    forward = [i for i in range(len(states)) if i not in backward]
+    if len(backward) > 1:
+        raise MtError(f"{paths[backward[1]]}: a second right-to-left model; an ensemble reranks with one "
+                      f"({paths[backward[0]]})")
+    if not forward or len(paths) < 2:
+        raise MtError(f"an ensemble needs at least two checkpoints, one of them left to right; {len(paths)} given"
+                      + (", all right to left (model.right_to_left)" if paths and not forward else ""))
+    first = states[forward[0]]
     for path, state in zip(paths, states, strict=True):
         if "members" in state:
             raise MtError(f"{path}: already an ensemble; give the checkpoints of its members "
                           f"({', '.join(m['path'] for m in state['metrics']['ensemble'])})")
         if state["spm"] != first["spm"]:
-            raise MtError(f"{path}: another vocabulary than {paths[0]}; ensemble models trained on one prepared data "
-                          "directory")
-        if not same_model(state["config"], first["config"]):
-            raise MtError(f"{path}: another architecture (model config) than {paths[0]}; ensemble models of one "
-                          "config")
-    members = [{"path": str(path), "step": state.get("step")} for path, state in zip(paths, states, strict=True)]
-    return {"members": [state["model"] for state in states], "config": first["config"], "spm": first["spm"],
-            "langs": first.get("langs"), "step": max(int(state.get("step") or 0) for state in states),
-            "metrics": {"ensemble": members}}
+            raise MtError(f"{path}: another vocabulary than {paths[forward[0]]}; ensemble models trained on one "
+                          "prepared data directory")
+        config = {**state["config"], "model": {**state["config"]["model"], "right_to_left": False}}
+        if not same_model(config, first["config"]):
+            raise MtError(f"{path}: another architecture (model config) than {paths[forward[0]]}; ensemble models "
+                          "of one config")
+    members = [{"path": str(paths[i]), "step": states[i].get("step")} for i in forward]
+    combined = {"members": [states[i]["model"] for i in forward], "config": first["config"], "spm": first["spm"],
+                "langs": first.get("langs"), "step": max(int(state.get("step") or 0) for state in states),
+                "metrics": {"ensemble": members}}
+    if backward:
+        combined["reranker"] = states[backward[0]]["model"]
+        combined["metrics"]["reranker"] = {"path": str(paths[backward[0]]), "step": states[backward[0]].get("step")}
+    return combined
+
+
+def right_to_left(state: dict[str, Any]) -> bool:
+    return bool((state["config"].get("model") or {}).get("right_to_left"))
 
 
 def write_ensemble(paths: list[Path], out: Path) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 Such a run holds `config.yaml` (its config, `members` included) and `member-1/` ... `member-N/`, each an ordinary
 run directory (last.pt, numbered checkpoints, best.pt, log.jsonl). Member i trains with seed
 `train.seed + 1000 * (i - 1)` for `train.max_minutes / N`: the run's time is shared out, while `max_steps` and
-`max_epochs` hold for each member. `--resume` resumes the members that have started (a finished one stops at
-once) and starts the others. `mt average RUN` averages each member's checkpoints into its `final.pt` and joins
-those into one ensemble checkpoint (mt/ensemble.py); `mt report RUN` adds up the members' training.
+`max_epochs` hold for each member; with `train.rerank`, member N trains right to left and reranks the others' beam
+(mt/rerank.py). `--resume` resumes the members that have started (a finished one stops at once) and starts the
+others. `mt average RUN` averages each member's checkpoints into its `final.pt` and joins those into one ensemble
+checkpoint (mt/ensemble.py); `mt report RUN` adds up the members' training.
 
 With `train.shared: f`, the members have the first f of their training in common: `trunk/`, an ordinary run
 with member 1's seed and no cooldown, trains for f of a member's budget; each member then starts as a copy of
@@ -58,6 +59,8 @@ def member_config(cfg: Config, i: int) -> Config:
     member.train.members, member.train.shared, member.train.member_min_steps = 1, 0.0, 0
     member.train.seed = cfg.train.seed + SEED_STRIDE * (i - 1)
     member.train.max_minutes = cfg.train.max_minutes / (cfg.train.shared + cfg.train.members * (1 - cfg.train.shared))
+    member.train.rerank = False
+    member.model.right_to_left = cfg.train.rerank and i == cfg.train.members  # the reranker (mt/rerank.py)
     return member
 
 

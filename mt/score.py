@@ -31,25 +31,30 @@ def score_files(checkpoint: Path, src: Path, tgt: Path, batch_tokens: int | None
     return score_pairs(load_model(checkpoint, dev), sources, targets, dev, batch_tokens, progress)
 
 
-@torch.inference_mode()
 def score_pairs(loaded: Loaded, sources: list[str], targets: list[str], device: torch.device | str = "cpu",
                 batch_tokens: int | None = None, progress: bool = False) -> list[float]:
     """Total log-probability of each target given its source (EOS included), in input order."""
     check_aligned("the source list", len(sources), "the target list", len(targets))
-    model = loaded.model
     srcs = [loaded.lead + s for s in loaded.src_tok.encode([s.strip() for s in sources])]  # lead: a two-way tag
     tgts = loaded.tgt_tok.encode([t.strip() for t in targets])
-    if model.cfg.right_to_left:  # it reads a target last piece first
-        tgts = [t[::-1] for t in tgts]
-    limit = model.cfg.max_len - 1  # room for EOS (source) or BOS (target)
+    limit = loaded.model.cfg.max_len - 1  # room for EOS (source) or BOS (target)
     for side, seqs in (("source", srcs), ("target", tgts)):
         for i, seq in enumerate(seqs):
             if len(seq) > limit:  # cutting would score a different sentence: refuse instead
                 raise MtError(f"line {i + 1}: the {side} has {len(seq)} pieces; the model allows {limit}")
+    return score_ids(loaded.model, srcs, tgts, device, batch_tokens or loaded.config.decode.batch_tokens, progress)
+
+
+@torch.inference_mode()
+def score_ids(model, srcs: list[list[int]], tgts: list[list[int]], device: torch.device | str = "cpu",
+              batch_tokens: int = 4096, progress: bool = False) -> list[float]:
+    """`score_pairs` of piece ids (no EOS; targets in reading order), each within the model's length."""
+    if model.cfg.right_to_left:  # it reads a target last piece first
+        tgts = [t[::-1] for t in tgts]
     scores = [0.0] * len(srcs)
     lengths = [max(len(s), len(t)) + 1 for s, t in zip(srcs, tgts, strict=True)]
-    batches = batch_by_tokens(lengths, batch_tokens or loaded.config.decode.batch_tokens)
-    for idx in tqdm(batches, unit="batch", disable=not progress or not sys.stderr.isatty()):
+    for idx in tqdm(batch_by_tokens(lengths, batch_tokens), unit="batch",
+                    disable=not progress or not sys.stderr.isatty()):
         src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
         tgt_in, tgt_out = (t.to(device) for t in shift_targets([tgts[i] for i in idx]))
         logp = torch.log_softmax(model(src, tgt_in).float(), dim=-1)  # (B, T, V)

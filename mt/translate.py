@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -32,6 +32,7 @@ from mt.exported import load as load_exported
 from mt.fast import PRECISIONS, compile_decoding
 from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
 from mt.options import TranslateRequest
+from mt.rerank import Reranked, rerank
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -55,11 +56,12 @@ class Options:
     batch_tokens: int
     nbest: int = 1
     precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
+    rerank_weight: float = 1.0  # a checkpoint with a right-to-left reranker's w (mt/rerank.py)
 
     @classmethod
     def from_config(cls, decode_cfg: DecodeConfig, **changes) -> Options:
         opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
-                   decode_cfg.batch_tokens)
+                   decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight)
         for key, value in changes.items():
             if value is not None:
                 setattr(opts, key, value)
@@ -283,6 +285,11 @@ def search_lines(model, srcs: list[list[int] | None], opts: Options,
 
 def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.device) -> list[list[Hypothesis]]:
     """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source."""
+    if isinstance(model, Reranked) and opts.beam > 1:  # the K best of the left-to-right model, reranked
+        found = translate_ids(model.left, srcs, replace(opts, nbest=opts.beam), device)
+        with autocast(opts.precision, device):
+            return rerank(model.right, srcs, found, opts.rerank_weight, opts.len_penalty, opts.nbest,
+                          opts.batch_tokens, device)
     if isinstance(model, CTranslate2Model):
         return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
                             opts.batch_tokens) if srcs else []

@@ -2,7 +2,8 @@
 
 The length penalty that suits a model depends on how it was trained (an undertrained model stops early and
 likes a high penalty), so it is chosen per model on the validation set, never on the test set. The winner is
-written into the checkpoint's `decode` config: `mt translate` and `mt evaluate` then use it without flags.
+written into the checkpoint's `decode` config: `mt translate` and `mt evaluate` then use it without flags. A
+checkpoint with a right-to-left reranker (mt/rerank.py) has its weight chosen too, for every beam above 1.
 """
 
 from __future__ import annotations
@@ -25,45 +26,58 @@ if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt -
 
 DEFAULT_BEAMS = (1, 5)
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
+DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
 
 
-def parse_grid(beams: str, penalties: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """`--beams 1,5 --len-penalties 0.6,1.0` as numbers; at least one of each, beams >= 1."""
+def parse_grid(beams: str, penalties: str, weights: str = "1") -> tuple[tuple[int, ...], tuple[float, ...],
+                                                                     tuple[float, ...]]:
+    """`--beams 1,5 --len-penalties 0.6,1.0 --rerank-weights 0.5,1` as numbers; at least one of each, beams >= 1."""
     try:
         beam_list = tuple(int(b) for b in beams.split(","))
         penalty_list = tuple(float(a) for a in penalties.split(","))
+        weight_list = tuple(float(w) for w in weights.split(","))
     except ValueError:
-        raise MtError(f"--beams {beams!r} / --len-penalties {penalties!r}: expected comma-separated numbers, "
-                      "e.g. 1,5") from None
+        raise MtError(f"--beams {beams!r} / --len-penalties {penalties!r} / --rerank-weights {weights!r}: expected "
+                      "comma-separated numbers, e.g. 1,5") from None
     if min(beam_list) < 1:
         raise MtError(f"--beams {beams!r}: each beam size must be at least 1")
     if not all(0 <= a <= 10 for a in penalty_list):  # NaN fails too
         raise MtError(f"--len-penalties {penalties!r}: each length penalty must be in [0, 10]")
-    return beam_list, penalty_list
+    if not all(w >= 0 for w in weight_list):
+        raise MtError(f"--rerank-weights {weights!r}: each weight must be 0 (the left-to-right scores alone) or more")
+    return beam_list, penalty_list, weight_list
 
 
-def grid(beams: tuple[int, ...], penalties: tuple[float, ...]) -> list[tuple[int, float]]:
-    """(beam, len_penalty) settings to try; greedy search ignores the penalty, so it is tried once."""
+def grid(beams: tuple[int, ...], penalties: tuple[float, ...], weights: tuple[float | None, ...] = (None,)
+         ) -> list[tuple[int, float, float | None]]:
+    """(beam, len_penalty, rerank weight) settings to try; greedy search ignores the penalty and has nothing to
+    rerank, so it is tried once; a weight of None: no reranker."""
     settings = []
     for beam in beams:
         for alpha in penalties[:1] if beam == 1 else penalties:
-            settings.append((beam, alpha))
+            for weight in weights[:1] if beam == 1 else weights:
+                settings.append((beam, alpha, weight))
     return settings
 
 
 def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.device,
          beams: tuple[int, ...] = DEFAULT_BEAMS, penalties: tuple[float, ...] = DEFAULT_PENALTIES,
-         progress: bool = True) -> list[dict]:
-    """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster)."""
+         progress: bool = True, weights: tuple[float, ...] = DEFAULT_WEIGHTS) -> list[dict]:
+    """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster). `weights`
+    are tried only with a right-to-left reranker."""
+    from mt.rerank import Reranked
     from mt.translate import Options, translate_lines
 
+    reranked = isinstance(loaded.model, Reranked)
     results = []
-    for beam, alpha in tqdm(grid(beams, penalties), desc="tune", unit="setting", disable=not progress):
-        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha)
+    settings = grid(beams, penalties, weights if reranked else (None,))
+    for beam, alpha, weight in tqdm(settings, desc="tune", unit="setting", disable=not progress):
+        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight)
         hyps = translate_lines(loaded, sources, opts, device)
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])
         bleu = sacrebleu.corpus_bleu(texts, [refs]).score
-        results.append({"beam": beam, "len_penalty": alpha, "bleu": round(bleu, 2)})
+        rerank = {"rerank_weight": weight} if reranked and beam > 1 else {}
+        results.append({"beam": beam, "len_penalty": alpha, **rerank, "bleu": round(bleu, 2)})
     return sorted(results, key=lambda r: (-r["bleu"], r["beam"]))
 
 
@@ -72,16 +86,17 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
     from mt import checkpoint
 
     state = dict(loaded.state)
-    state["config"] = {**state["config"], "decode": {**state["config"]["decode"], "beam": best["beam"],
-                                                    "len_penalty": best["len_penalty"]}}
+    chosen = {key: best[key] for key in ("beam", "len_penalty", "rerank_weight") if key in best}
+    state["config"] = {**state["config"], "decode": {**state["config"]["decode"], **chosen}}
     state["metrics"] = {**(state.get("metrics") or {}), "tuned": results}
     checkpoint.save(state, out)
 
 
 def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str, penalties: str,
-                    device: str = DEVICE, progress: bool = True, to: str | None = None) -> list[dict]:
+                    device: str = DEVICE, progress: bool = True, to: str | None = None,
+                    weights: str = ",".join(map(str, DEFAULT_WEIGHTS))) -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
-    over the comma-separated `beams` and `penalties`, and write it to `out` with the best setting as its decode
+    over the comma-separated `beams` and `penalties` (and a reranker's `weights`), and write it to `out` with the best setting as its decode
     defaults. `to` turns a two-way model to its other direction, which `out` then translates. Returns every
     setting's BLEU, best first."""
     from mt.checkpoint import load_model
@@ -89,21 +104,27 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
 
     if (src is None) != (ref is None):
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
-    beam_list, penalty_list = parse_grid(beams, penalties)
+    beam_list, penalty_list, weight_list = parse_grid(beams, penalties, weights)
     check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):
         loaded = load_model(path, dev, to=to)
         sources, refs = held_out(loaded, src, ref)
-        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress)
+        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list)
         save_tuned(loaded, results[0], results, out)
     return results
 
 
 def summary(results: list[dict], out: Path) -> str:
     """What `mt tune` prints: each setting's BLEU, best first, then the choice written to `out`."""
-    lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}  BLEU {r['bleu']:6.2f}" for r in results]
-    lines.append(f"{out}: decodes with beam {results[0]['beam']}, len_penalty {results[0]['len_penalty']}")
+    def weight(r: dict) -> str:
+        return f"  rerank_weight {r['rerank_weight']:.2f}" if "rerank_weight" in r else ""
+
+    lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}{weight(r)}  BLEU {r['bleu']:6.2f}"
+             for r in results]
+    best = results[0]
+    lines.append(f"{out}: decodes with beam {best['beam']}, len_penalty {best['len_penalty']}"
+                 + (f", rerank_weight {best['rerank_weight']}" if "rerank_weight" in best else ""))
     return "\n".join(lines)
 
 

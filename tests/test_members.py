@@ -135,7 +135,7 @@ def test_what_an_ensemble_run_cannot_do_is_refused(run, data, tmp_path):
         train(small_config(data, max_steps=1, members=2), tmp_path / "new", progress=False,
               init=run / "member-1" / "best.pt")
     result = CliRunner().invoke(app, ["train", "--resume", "--out", str(run), "--set", "train.members=3"])
-    assert_refused(result, "keeps its model, members, seeds and trunk")
+    assert_refused(result, "keeps its model, members, seeds, trunk and reranker")
     with pytest.raises(MtError, match="the members share a trunk; set train.members to 2 or more"):
         train(small_config(data, shared=0.5), tmp_path / "alone", progress=False)
     with pytest.raises(MtError, match="members that share a trunk .* cannot become one"):

@@ -79,16 +79,6 @@ def test_exporting_it_is_refused_with_the_reason(trained, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_it_does_not_ensemble_with_a_left_to_right_model(trained, tmp_path):
-    from mt.ensemble import combine
-
-    state = checkpoint.load(trained)
-    state["config"]["model"]["right_to_left"] = False
-    checkpoint.save(state, tmp_path / "l2r.pt")
-    with pytest.raises(MtError, match="another architecture"):
-        combine([trained, tmp_path / "l2r.pt"])
-
-
 def test_reranking_without_its_scores_keeps_the_beams_choice(trained, prepared, tmp_path):  # noqa: F811
     """benchmarks/rerank_valid.py, which measures the lever: at weight 0 and the search's length penalty, the
     reranked K best give what the search chose."""

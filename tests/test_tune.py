@@ -24,11 +24,12 @@ def best(prepared, tmp_path_factory):  # noqa: F811
 
 
 def test_greedy_is_tried_once_whatever_the_length_penalty():
-    assert grid((1, 4), (0.6, 1.0)) == [(1, 0.6), (4, 0.6), (4, 1.0)]
+    assert grid((1, 4), (0.6, 1.0)) == [(1, 0.6, None), (4, 0.6, None), (4, 1.0, None)]
+    assert grid((1, 4), (0.6,), (0.5, 1.0)) == [(1, 0.6, 0.5), (4, 0.6, 0.5), (4, 0.6, 1.0)]  # a reranker's weights
 
 
 def test_the_grid_options_parse_as_numbers_or_fail_in_one_line():
-    assert parse_grid("1,5", "0.6,1") == ((1, 5), (0.6, 1.0))
+    assert parse_grid("1,5", "0.6,1", "0.5,1") == ((1, 5), (0.6, 1.0), (0.5, 1.0))
     with pytest.raises(MtError, match="expected comma-separated numbers"):
         parse_grid("1,five", "0.6")
     with pytest.raises(MtError, match="at least 1"):

@@ -1,0 +1,121 @@
+"""Reranking (mt/rerank.py): a right-to-left model, stored beside a left-to-right one by `mt ensemble` or trained as
+an ensemble run's last member (`train.rerank`), reorders the left-to-right model's K best."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mt import checkpoint
+from mt.checkpoint import from_state, load_model
+from mt.cli import app
+from mt.config import Config, from_dict
+from mt.ensemble import combine
+from mt.errors import MtError
+from mt.members import member_config
+from mt.score import score_ids
+from mt.search import length_penalty
+from mt.train import train
+from mt.translate import Options, translate_lines
+
+from .conftest import assert_refused, train_tiny
+from .test_members import data  # noqa: F401  (a fixture)
+from .test_train import small_config
+
+SOURCES = ["der hund sitzt unter dem baum", "die katze", "", "rot blau groß klein läuft auf das",
+           "ein mann und eine frau gehen", "zwei kinder spielen im park", "der rote ball"]
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny left-to-right model, and a right-to-left one trained on the same prepared data."""
+    root = tmp_path_factory.mktemp("rerank")
+    l2r = train_tiny(root, 200)
+    cfg = from_dict(checkpoint.load(l2r)["config"])
+    cfg.model.right_to_left = True
+    threads = torch.get_num_threads()
+    train(cfg, root / "r2l", progress=False)
+    torch.set_num_threads(threads)
+    return l2r, root / "r2l" / "best.pt"
+
+
+def test_the_pair_translates_the_best_of_the_left_to_right_k_best_by_both_models_scores(pair):
+    reranked, left, right = from_state(combine(list(pair))), load_model(pair[0]), load_model(pair[1])
+    opts = Options.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, rerank_weight=1.0)
+    ours, found = (translate_lines(m, SOURCES, opts, CPU) for m in (reranked, left))
+    assert [sorted(map(tuple, (h.tokens for h in hyps))) for hyps in ours] == \
+           [sorted(map(tuple, (h.tokens for h in hyps))) for hyps in found]  # the same K best, reordered
+    srcs = left.src_tok.encode([SOURCES[i] for i, hyps in enumerate(found) for _ in hyps])
+    backward = iter(score_ids(right.model, srcs, [h.tokens for hyps in found for h in hyps]))
+    expected = [sorted(((h.logprob + next(backward)) / 2 / length_penalty(len(h.tokens) + 1, 1.0), h.tokens)
+                       for h in hyps)[::-1] for hyps in found]
+    assert [[h.tokens for h in hyps] for hyps in ours] == [[tokens for _, tokens in hyps] for hyps in expected]
+    assert [h.score for hyps in ours for h in hyps] == pytest.approx([s for hyps in expected for s, _ in hyps],
+                                                                     abs=1e-4)
+    assert any(a[0].tokens != b[0].tokens for a, b in zip(ours, found, strict=True) if a), \
+        "the right-to-left scores should change a choice, or the test proves nothing"
+
+
+def test_at_weight_0_or_greedy_it_translates_as_the_left_to_right_model(pair):
+    reranked, left = from_state(combine(list(pair))), load_model(pair[0])
+    for opts in (Options.from_config(left.config.decode, beam=4, rerank_weight=0.0),
+                 Options.from_config(left.config.decode, beam=1, rerank_weight=1.0)):
+        ours, theirs = (translate_lines(m, SOURCES, opts, CPU) for m in (reranked, left))
+        assert [[h.tokens for h in hyps] for hyps in ours] == [[h.tokens for h in hyps] for hyps in theirs]
+
+
+def test_tune_chooses_the_weight_that_translate_then_uses(pair, tmp_path):
+    runner = CliRunner()
+    joined, tuned = tmp_path / "pair.pt", tmp_path / "tuned.pt"
+    result = runner.invoke(app, ["ensemble", *map(str, pair), "--out", str(joined)])
+    assert result.exit_code == 0, result.output
+    assert "a model and a right-to-left model to rerank with" in result.output
+    result = runner.invoke(app, ["info", str(joined)])
+    assert result.exit_code == 0 and f"{pair[1]} (step 200; right to left)" in result.output, result.output
+    result = runner.invoke(app, ["tune", "-c", str(joined), "--out", str(tuned), "--beams", "3",
+                                 "--len-penalties", "1.0", "--rerank-weights", "0,2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    results = checkpoint.load(tuned)["metrics"]["tuned"]
+    assert sorted(r["rerank_weight"] for r in results) == [0.0, 2.0]
+    decode = checkpoint.load(tuned)["config"]["decode"]
+    assert decode["rerank_weight"] == results[0]["rerank_weight"]
+    assert f"rerank_weight {results[0]['rerank_weight']}" in result.output.splitlines()[-1]
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    result = runner.invoke(app, ["translate", "-c", str(tuned), "--input", str(src), "--beam", "3"])
+    assert result.exit_code == 0, result.output
+    loaded = load_model(joined)
+    opts = Options.from_config(loaded.config.decode, beam=3, rerank_weight=decode["rerank_weight"])
+    expected = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in translate_lines(loaded, SOURCES, opts, CPU)])
+    assert result.output.splitlines() == expected
+
+
+def test_what_needs_one_model_refuses_the_pair_and_two_rerankers_are_refused(pair, tmp_path):
+    joined = tmp_path / "pair.pt"
+    checkpoint.save(combine(list(pair)), joined)
+    result = CliRunner().invoke(app, ["export", str(joined), "--to", "ctranslate2", "--out", str(tmp_path / "ct2")])
+    assert_refused(result, "a model and a right-to-left model to rerank with", "needs one model", str(pair[0]))
+    with pytest.raises(MtError, match="a second right-to-left model"):
+        combine([pair[0], pair[1], pair[1]])
+    with pytest.raises(MtError, match="all right to left"):
+        combine([pair[1]])
+
+
+def test_an_ensemble_run_with_train_rerank_trains_its_last_member_right_to_left(data, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    train(small_config(data, max_steps=12, valid_every=6, members=2, rerank=True, seed=3), run, progress=False)
+    assert [checkpoint.load(run / m / "last.pt")["config"]["model"]["right_to_left"]
+            for m in ("member-1", "member-2")] == [False, True]
+    result = CliRunner().invoke(app, ["average", str(run), "--last", "2", "--out", str(run / "final.pt")])
+    assert result.exit_code == 0, result.output
+    final = checkpoint.load(run / "final.pt")
+    assert len(final["members"]) == 1 and final["metrics"]["reranker"]["path"].endswith("member-2/final.pt")
+    assert not final["config"]["model"]["right_to_left"]
+
+
+def test_train_rerank_needs_members_to_rerank_with():
+    cfg = Config()
+    cfg.train.members, cfg.train.rerank = 3, True
+    assert [member_config(cfg, i).model.right_to_left for i in (1, 2, 3)] == [False, False, True]
+    with pytest.raises(MtError, match="train.rerank .* train.members of 2 or more"):
+        from_dict({"train": {"rerank": True}})
