@@ -79,7 +79,8 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
         **training(run_dir, data_dir),
         "parameters": loaded.parameters,
         "averaged_steps": metrics.get("averaged_steps"),
-        "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty},
+        "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty}
+                  | ({"rerank_weight": loaded.config.decode.rerank_weight} if "reranker" in loaded.state else {}),
         "valid_bleu": tuned[0].get("bleu"),
         "seed": loaded.config.train.seed,
     }

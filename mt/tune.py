@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt -
     from mt.checkpoint import Loaded
 
 DEFAULT_BEAMS = (1, 5)
+RERANK_BEAMS = (1, 5, 8)  # a reranker gains from a wider beam: more candidates to choose among (docs/results.md)
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
 
@@ -92,23 +93,26 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
     checkpoint.save(state, out)
 
 
-def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str, penalties: str,
+def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str | None, penalties: str,
                     device: str = DEVICE, progress: bool = True, to: str | None = None,
                     weights: str = ",".join(map(str, DEFAULT_WEIGHTS))) -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
-    over the comma-separated `beams` and `penalties` (and a reranker's `weights`), and write it to `out` with the best setting as its decode
-    defaults. `to` turns a two-way model to its other direction, which `out` then translates. Returns every
-    setting's BLEU, best first."""
+    over the comma-separated `beams` (None: DEFAULT_BEAMS, or RERANK_BEAMS with a reranker) and `penalties` (and a
+    reranker's `weights`), and write it to `out` with the best setting as its decode defaults. `to` turns a two-way
+    model to its other direction, which `out` then translates. Returns every setting's BLEU, best first."""
     from mt.checkpoint import load_model
     from mt.device import pick_device
+    from mt.rerank import Reranked
 
     if (src is None) != (ref is None):
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
-    beam_list, penalty_list, weight_list = parse_grid(beams, penalties, weights)
+    beam_list, penalty_list, weight_list = parse_grid(beams or "1", penalties, weights)
     check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):
         loaded = load_model(path, dev, to=to)
+        if beams is None:
+            beam_list = RERANK_BEAMS if isinstance(loaded.model, Reranked) else DEFAULT_BEAMS
         sources, refs = held_out(loaded, src, ref)
         results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list)
         save_tuned(loaded, results[0], results, out)

@@ -12,6 +12,7 @@ from mt.config import Config, from_dict
 from mt.ensemble import combine
 from mt.errors import MtError
 from mt.members import member_config
+from mt.report import report_run
 from mt.score import score_ids
 from mt.search import length_penalty
 from mt.train import train
@@ -77,6 +78,10 @@ def test_tune_chooses_the_weight_that_translate_then_uses(pair, tmp_path):
     assert result.exit_code == 0, result.output
     results = checkpoint.load(tuned)["metrics"]["tuned"]
     assert sorted(r["rerank_weight"] for r in results) == [0.0, 2.0]
+    default = runner.invoke(app, ["tune", "-c", str(joined), "--out", str(tmp_path / "default.pt"),
+                                  "--len-penalties", "1.0", "--rerank-weights", "1", "--quiet"])
+    assert default.exit_code == 0, default.output  # a reranker's default grid reaches beam 8
+    assert sorted(r["beam"] for r in checkpoint.load(tmp_path / "default.pt")["metrics"]["tuned"]) == [1, 5, 8]
     decode = checkpoint.load(tuned)["config"]["decode"]
     assert decode["rerank_weight"] == results[0]["rerank_weight"]
     assert f"rerank_weight {results[0]['rerank_weight']}" in result.output.splitlines()[-1]
@@ -111,6 +116,9 @@ def test_an_ensemble_run_with_train_rerank_trains_its_last_member_right_to_left(
     final = checkpoint.load(run / "final.pt")
     assert len(final["members"]) == 1 and final["metrics"]["reranker"]["path"].endswith("member-2/final.pt")
     assert not final["config"]["model"]["right_to_left"]
+    report = report_run(run, None, "cpu")
+    assert [m["seed"] for m in report["members"]] == [3, 1003]
+    assert report["decode"]["rerank_weight"] == final["config"]["decode"]["rerank_weight"]
 
 
 def test_train_rerank_needs_members_to_rerank_with():
