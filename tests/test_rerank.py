@@ -127,3 +127,21 @@ def test_train_rerank_needs_members_to_rerank_with():
     assert [member_config(cfg, i).model.right_to_left for i in (1, 2, 3)] == [False, False, True]
     with pytest.raises(MtError, match="train.rerank .* train.members of 2 or more"):
         from_dict({"train": {"rerank": True}})
+
+
+def test_served_the_pair_translates_as_mt_translate_does(pair, tmp_path):
+    from .test_serve import client, mt_translate, run, serve_app
+
+    joined = tmp_path / "pair.pt"
+    state = combine(list(pair))
+    state["config"]["decode"] |= {"beam": 4, "rerank_weight": 2.0}  # a setting where reranking changes outputs
+    checkpoint.save(state, joined)
+    app = serve_app(joined)
+
+    async def go():
+        async with client(app) as c:
+            return (await c.post("/v1/translate", json={"text": SOURCES})).json()
+
+    served = [t["text"] for t in run(go())["translations"]]
+    assert served == mt_translate(joined, SOURCES, tmp_path)
+    assert served != mt_translate(pair[0], SOURCES, tmp_path, "--beam", "4")
