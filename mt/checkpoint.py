@@ -23,7 +23,7 @@ import random
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -285,8 +285,7 @@ def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precis
     parameters = sum(count for _, count in members)
     model = Ensemble([m for m, _ in members]) if len(members) > 1 else members[0][0]
     if "reranker" in state:
-        backward = from_dict(state["config"])
-        backward.model.right_to_left = True
+        backward = replace(cfg, model=replace(cfg.model, right_to_left=True))
         right, count = built(backward, state["reranker"], device, precision)
         model, parameters = Reranked(model, right), parameters + count
     src_tok = Tokenizer(state["spm"]["src"])

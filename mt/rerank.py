@@ -43,14 +43,19 @@ class Reranked(nn.Module):
         return self.left(src, tgt)
 
 
-def rerank(right: nn.Module, srcs: list[list[int]], found: list[list[Hypothesis]], weight: float,
-           len_penalty: float, nbest: int, batch_tokens: int, device: torch.device) -> list[list[Hypothesis]]:
-    """The `nbest` of each source's hypotheses `found` (its left-to-right K best), best first by the score above,
-    which each returned hypothesis carries; `logprob` stays the left-to-right model's."""
+def backward_logprobs(right: nn.Module, srcs: list[list[int] | None], found: list[list[Hypothesis]],
+                      batch_tokens: int, device: torch.device) -> list[list[float]]:
+    """log P_r2l of each hypothesis in `found` (each source's left-to-right K best; none for a None source)."""
     flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
-    backward = score_ids(right, [srcs[i] for i, _ in flat], [h.tokens for _, h in flat], device, batch_tokens)
-    ranked: list[list[Hypothesis]] = [[] for _ in found]
-    for (i, h), back in zip(flat, backward, strict=True):
-        score = (h.logprob + weight * back) / (1 + weight) / length_penalty(len(h.tokens) + 1, len_penalty)
-        ranked[i].append(Hypothesis(h.tokens, score, h.logprob))
+    scores = iter(score_ids(right, [srcs[i] for i, _ in flat], [h.tokens for _, h in flat], device, batch_tokens))
+    return [[next(scores) for _ in hyps] for hyps in found]
+
+
+def rerank(found: list[list[Hypothesis]], backward: list[list[float]], weight: float, len_penalty: float,
+           nbest: int) -> list[list[Hypothesis]]:
+    """The `nbest` of each source's hypotheses `found`, best first by the score above, which each returned
+    hypothesis carries; `logprob` stays the left-to-right model's."""
+    ranked = [[Hypothesis(h.tokens, (h.logprob + weight * back) / (1 + weight)
+                          / length_penalty(len(h.tokens) + 1, len_penalty), h.logprob)
+               for h, back in zip(hyps, backs, strict=True)] for hyps, backs in zip(found, backward, strict=True)]
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in ranked]

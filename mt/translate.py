@@ -32,7 +32,7 @@ from mt.exported import load as load_exported
 from mt.fast import PRECISIONS, compile_decoding
 from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
 from mt.options import TranslateRequest
-from mt.rerank import Reranked, rerank
+from mt.rerank import Reranked, backward_logprobs, rerank
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -288,8 +288,8 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
     if isinstance(model, Reranked) and opts.beam > 1:  # the K best of the left-to-right model, reranked
         found = translate_ids(model.left, srcs, replace(opts, nbest=opts.beam), device)
         with autocast(opts.precision, device):
-            return rerank(model.right, srcs, found, opts.rerank_weight, opts.len_penalty, opts.nbest,
-                          opts.batch_tokens, device)
+            backward = backward_logprobs(model.right, srcs, found, opts.batch_tokens, device)
+        return rerank(found, backward, opts.rerank_weight, opts.len_penalty, opts.nbest)
     if isinstance(model, CTranslate2Model):
         return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
                             opts.batch_tokens) if srcs else []

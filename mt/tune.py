@@ -66,19 +66,30 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
          progress: bool = True, weights: tuple[float, ...] = DEFAULT_WEIGHTS) -> list[dict]:
     """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster). `weights`
     are tried only with a right-to-left reranker."""
-    from mt.rerank import Reranked
-    from mt.translate import Options, translate_lines
+    from dataclasses import replace
+
+    from mt.rerank import Reranked, backward_logprobs, rerank
+    from mt.translate import Options, encode_lines, search_lines, translate_lines
 
     reranked = isinstance(loaded.model, Reranked)
     results = []
+    candidates: dict = {}  # (beam, alpha): the K best and their backward scores, searched once for all weights
     settings = grid(beams, penalties, weights if reranked else (None,))
     for beam, alpha, weight in tqdm(settings, desc="tune", unit="setting", disable=not progress):
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight)
-        hyps = translate_lines(loaded, sources, opts, device)
+        if reranked and beam > 1:
+            if (beam, alpha) not in candidates:
+                srcs = encode_lines(loaded, sources)
+                found = search_lines(loaded.model.left, srcs, replace(opts, nbest=beam), device)
+                candidates[beam, alpha] = found, backward_logprobs(loaded.model.right, srcs, found,
+                                                                   opts.batch_tokens, device)
+            hyps = rerank(*candidates[beam, alpha], weight, alpha, 1)
+        else:
+            hyps = translate_lines(loaded, sources, opts, device)
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])
         bleu = sacrebleu.corpus_bleu(texts, [refs]).score
-        rerank = {"rerank_weight": weight} if reranked and beam > 1 else {}
-        results.append({"beam": beam, "len_penalty": alpha, **rerank, "bleu": round(bleu, 2)})
+        chosen_weight = {"rerank_weight": weight} if reranked and beam > 1 else {}
+        results.append({"beam": beam, "len_penalty": alpha, **chosen_weight, "bleu": round(bleu, 2)})
     return sorted(results, key=lambda r: (-r["bleu"], r["beam"]))
 
 
