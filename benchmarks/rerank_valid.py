@@ -1,4 +1,5 @@
-"""Would reranking the beam with a right-to-left model lift valid BLEU? Measured before mt builds it in.
+"""Would reranking the beam with a right-to-left model, or a channel model, lift valid BLEU? Measured before mt
+builds it in.
 
 For each beam size K: the valid split is translated by the left-to-right CHECKPOINT (a model or an `mt ensemble`)
 with its length penalty, the K best kept per sentence; a model trained with `model.right_to_left` (the same
@@ -7,11 +8,14 @@ Each sentence's output is then the hypothesis of highest (log P_l2r + w · log P
 lp the GNMT length penalty over pieces (Sennrich et al. 2016's reranking, Liu et al. 2016's agreement). Prints
 corpus BLEU (cased sacreBLEU) for each w and a; w = 0 is the left-to-right model reranking its own K best. With
 --out, writes the best setting's translations, for `sacrebleu --paired-bs` against another system's.
+With --channel, a model of the reverse direction (trained on the same corpus, any vocabulary; a two-way model turns
+to the source language) scores log P_ch(source | hypothesis), Yee et al. 2019's noisy channel without the language
+model, and the score becomes (log P_l2r + w · log P_r2l + c · log P_ch) / (1 + w + c) / lp (R2L_CHECKPOINT optional).
 The best of many settings flatters itself, so a two-fold figure is printed beside it: the setting chosen on the
 odd lines translates the even ones and the other way round, scored as one corpus.
 
-    python benchmarks/rerank_valid.py CHECKPOINT R2L_CHECKPOINT [--beams 5,8] [--weights 0,0.5,1]
-        [--penalties 0.6,1.0,1.5] [--out FILE]
+    python benchmarks/rerank_valid.py CHECKPOINT [R2L_CHECKPOINT] [--beams 5,8] [--weights 0,0.5,1]
+        [--channel CHECKPOINT --channel-weights 0,0.5,1] [--penalties 0.6,1.0,1.5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,15 +41,19 @@ def floats(text: str) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
-    parser.add_argument("r2l")
+    parser.add_argument("r2l", nargs="?")
     parser.add_argument("--beams", default="5,8")
     parser.add_argument("--weights", default="0,0.5,1")
+    parser.add_argument("--channel")
+    parser.add_argument("--channel-weights", default="0,0.5,1")
     parser.add_argument("--penalties", default="0.6,1.0,1.5")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    loaded, r2l = load_model(args.checkpoint), load_model(args.r2l)
-    if not r2l.model.cfg.right_to_left or loaded.model.cfg.right_to_left:
+    loaded = load_model(args.checkpoint)
+    r2l = load_model(args.r2l) if args.r2l else None
+    if loaded.model.cfg.right_to_left or (r2l is not None and not r2l.model.cfg.right_to_left):
         parser.error("give a left-to-right CHECKPOINT, then a model trained with model.right_to_left")
+    channel = load_model(args.channel, to=loaded.state["langs"]["src"]) if args.channel else None
     sources, refs = held_out(loaded)
     decode, cpu = loaded.config.decode, torch.device("cpu")
 
@@ -61,22 +69,27 @@ def main() -> None:
         hyps = translate_lines(loaded, sources, Options.from_config(decode, beam=k, nbest=k), cpu)
         texts = [loaded.tgt_tok.decode([h.tokens for h in hs]) if hs else [""] for hs in hyps]
         flat = [(i, j) for i, hs in enumerate(hyps) for j in range(len(hs))]
-        backwards = score_pairs(r2l, [sources[i] for i, _ in flat], [texts[i][j] for i, j in flat], cpu)
-        r2l_logprob: list[list[float]] = [[] for _ in hyps]
-        for (i, _), score in zip(flat, backwards, strict=True):
-            r2l_logprob[i].append(score)
+        hyp_texts, src_texts = [texts[i][j] for i, j in flat], [sources[i] for i, _ in flat]
+        zeros = [0.0] * len(flat)
+        backwards = score_pairs(r2l, src_texts, hyp_texts, cpu) if r2l else zeros
+        channels = score_pairs(channel, hyp_texts, src_texts, cpu) if channel else zeros
+        extra: list[list[tuple[float, float]]] = [[] for _ in hyps]
+        for (i, _), b, ch in zip(flat, backwards, channels, strict=True):
+            extra[i].append((b, ch))
         row = {}
-        for w in floats(args.weights):
-            for a in floats(args.penalties):
-                chosen = []
-                for hs, ts, back in zip(hyps, texts, r2l_logprob, strict=True):
-                    combined = [(h.logprob + w * b) / (1 + w) / length_penalty(len(h.tokens) + 1, a)
-                                for h, b in zip(hs, back, strict=True)]
-                    chosen.append(ts[max(range(len(hs)), key=combined.__getitem__)] if hs else "")
-                row[f"w {w:g} a {a:g}"] = score = bleu(chosen)
-                outputs[f"beam {k}, w {w:g}, a {a:g}"] = chosen
-                if score > best[0]:
-                    best = (score, f"beam {k}, w {w:g}, a {a:g}", chosen)
+        for w in floats(args.weights) if r2l else [0.0]:
+            for c in floats(args.channel_weights) if channel else [0.0]:
+                for a in floats(args.penalties):
+                    chosen = []
+                    for hs, ts, ex in zip(hyps, texts, extra, strict=True):
+                        combined = [(h.logprob + w * b + c * ch) / (1 + w + c) / length_penalty(len(h.tokens) + 1, a)
+                                    for h, (b, ch) in zip(hs, ex, strict=True)]
+                        chosen.append(ts[max(range(len(hs)), key=combined.__getitem__)] if hs else "")
+                    name = f"w {w:g} " + (f"c {c:g} " if channel else "") + f"a {a:g}"
+                    row[name] = score = bleu(chosen)
+                    outputs[f"beam {k}, {name}"] = chosen
+                    if score > best[0]:
+                        best = (score, f"beam {k}, {name}", chosen)
         print(f"beam {k} (search len_penalty {decode.len_penalty}): {row}")
     print(f"best: {best[1]}: {best[0]}")
     print(two_fold(outputs, refs))

@@ -109,8 +109,8 @@ def summary(state: dict[str, Any], results: list[dict], out: Path) -> str:
     lines = [f"{r['member'] + '  ' if 'member' in r else ''}last {r['last']:3d}  valid BLEU {r['valid_bleu']:6.2f} "
              "(greedy)" for r in results]
     if "members" in state:
-        paths = [m["path"] for m in state["metrics"]["ensemble"]] + ([state["metrics"]["reranker"]["path"]]
-                                                                     if "reranker" in state else [])
+        paths = [m["path"] for m in state["metrics"]["ensemble"]] + [state["metrics"][key]["path"] for key in
+                                                                     ("reranker", "channel") if key in state]
         lines.append(f"{out}: {joined(state)} ({', '.join(paths)})")
     else:
         lines.append(f"{out}: the average of steps {', '.join(map(str, state['metrics']['averaged_steps']))}")

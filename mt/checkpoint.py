@@ -229,8 +229,10 @@ def weights(state: dict[str, Any], path: str | Path, needs: str) -> dict[str, An
 def joined(state: dict[str, Any]) -> str:
     """What an `mt ensemble` checkpoint holds, in words."""
     count = len(state["members"])
-    reranker = " and a right-to-left model to rerank with" if "reranker" in state else ""
-    return (f"an ensemble of {count} models" if count > 1 else "a model") + reranker
+    helpers = (["a right-to-left model"] if "reranker" in state else []) \
+        + (["a channel model ({src}→{tgt})".format(**state["channel"]["langs"])] if "channel" in state else [])
+    return (f"an ensemble of {count} models" if count > 1 else "a model") \
+        + (f" and {' and '.join(helpers)} to rerank with" if helpers else "")
 
 
 def _why(error: Exception) -> str:
@@ -278,19 +280,25 @@ def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precis
     """A checkpoint's state (as `load` returns it) made ready to translate with in `precision` (see
     `mt.fast.for_inference`); precision None keeps the plain model."""
     from mt.ensemble import Ensemble  # which builds on this module
-    from mt.rerank import Reranked
+    from mt.rerank import Channel, Reranked
 
     cfg = from_dict(state["config"])
     members = [built(cfg, one, device, precision) for one in state.get("members") or [state["model"]]]
     parameters = sum(count for _, count in members)
     model = Ensemble([m for m, _ in members]) if len(members) > 1 else members[0][0]
+    right = channel = None
     if "reranker" in state:
         backward = replace(cfg, model=replace(cfg.model, right_to_left=True))
         right, count = built(backward, state["reranker"], device, precision)
-        model, parameters = Reranked(model, right), parameters + count
-    src_tok = Tokenizer(state["spm"]["src"])
+        parameters += count
+    src_tok, tgt_tok = Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"])
     lead = [src_tok.tag_id(state["langs"]["tgt"])] if cfg.train.two_way else []
-    return Loaded(model, cfg, src_tok, Tokenizer(state["spm"]["tgt"]), state, parameters, lead)
+    if "channel" in state:
+        reverse = from_state(state["channel"], device, precision)
+        channel, parameters = Channel(reverse, src_tok, tgt_tok, lead), parameters + reverse.parameters
+    if right is not None or channel is not None:
+        model = Reranked(model, right, channel)
+    return Loaded(model, cfg, src_tok, tgt_tok, state, parameters, lead)
 
 
 def built(cfg: Config, state_dict: dict[str, Any], device: torch.device | str, precision: str | None

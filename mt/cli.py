@@ -196,10 +196,10 @@ def average(
 
 @app.command()
 def ensemble(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. averaged runs of different seeds), at most one of them right to left.")],
+    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. averaged runs of different seeds), at most one of them right to left; and at most one of the first one's direction reversed, any vocabulary (a channel model, e.g. de-en beside en-de).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The ensemble checkpoint to write.")],
 ) -> None:
-    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions; a right-to-left model (model.right_to_left) among them reranks the others' beam instead."""
+    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions; a right-to-left model (model.right_to_left) or one of the reverse direction among them reranks the others' beam instead."""
     from mt.checkpoint import joined
     from mt.ensemble import write_ensemble
 
@@ -255,16 +255,17 @@ def tune(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode defaults (may be --checkpoint itself).")],
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Held-out source sentences [default: the prepared valid split].")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
-    beams: Annotated[str | None, typer.Option(help=f"Beam sizes to try, comma-separated [default: {','.join(map(str, mt.tune.DEFAULT_BEAMS))}; {','.join(map(str, mt.tune.RERANK_BEAMS))} for a checkpoint with a reranker].")] = None,
+    beams: Annotated[str | None, typer.Option(help=f"Beam sizes to try, comma-separated [default: {','.join(map(str, mt.tune.DEFAULT_BEAMS))}; {','.join(map(str, mt.tune.RERANK_BEAMS))} for a checkpoint with a reranker or channel].")] = None,
     len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
     rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_WEIGHTS)),
+    channel_weights: Annotated[str, typer.Option(help="With a channel model (the reverse direction) in the checkpoint: its weights to try, comma-separated; 0 leaves it out.")] = ",".join(map(str, mt.tune.CHANNEL_WEIGHTS)),
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, e.g. --to en: --out then translates into it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
     results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
-                                      to=to, weights=rerank_weights)
+                                      to=to, weights=rerank_weights, channel_weights=channel_weights)
     typer.echo(mt.tune.summary(results, out))
 
 

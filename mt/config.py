@@ -107,6 +107,8 @@ class DecodeConfig:
     batch_tokens: int = 4096  # source tokens per translation batch
     # With a right-to-left reranker in the checkpoint: w in (log P_l2r + w · log P_r2l) / (1 + w) (mt/rerank.py)
     rerank_weight: float = 1.0
+    # With a channel model (the reverse direction) in the checkpoint: c, the weight of its log P(source | output)
+    channel_weight: float = 0.25
 
 
 @dataclass
@@ -230,7 +232,8 @@ def validate(cfg: Config) -> None:
                 "train.both_ways_epochs": 0, "train.member_min_steps": 0, "train.max_minutes": 0,
                 "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
-                "decode.max_len_a": 0, "decode.max_len_b": 0, "decode.rerank_weight": 0}
+                "decode.max_len_a": 0, "decode.max_len_b": 0, "decode.rerank_weight": 0,
+                "decode.channel_weight": 0}
     for key, least in at_least.items():
         if flat[key] < least:
             raise MtError(f"{key}={flat[key]}: must be at least {least}")

@@ -7,7 +7,9 @@ probabilities are averaged (the log of their mean, as fairseq and Marian ensembl
 search decode it unchanged. What needs one set of weights (export, fine-tuning, attention and alignments) refuses
 an ensemble and says so. A right-to-left model (`model.right_to_left`) among the checkpoints does not join the
 average: it becomes the `reranker` of the others' K best (mt/rerank.py), and with it one left-to-right model is
-enough.
+enough. So does a checkpoint of the reverse direction (the first checkpoint's languages swapped, any vocabulary or
+architecture, itself an ensemble or not): it becomes the `channel`, which scores how well each of the K best
+explains its source.
 """
 
 from __future__ import annotations
@@ -73,11 +75,15 @@ def mean_probabilities(logits: list[Tensor]) -> Tensor:
 
 def combine(paths: list[Path]) -> dict[str, Any]:
     """The ensemble checkpoint of the translation checkpoints at `paths`: one vocabulary, one architecture (a
-    right-to-left reranker differs in that alone); the first left-to-right one gives the config (decoding defaults
-    included) and the languages."""
+    right-to-left reranker differs in that alone; a channel model, of the first checkpoint's direction reversed, in
+    anything); the first left-to-right one gives the config (decoding defaults included) and the languages."""
     states = [checkpoint.load(path) for path in paths]
-    backward = [i for i, state in enumerate(states) if right_to_left(state)]
-    forward = [i for i in range(len(states)) if i not in backward]
+    reverse = [i for i, state in enumerate(states) if reversed_of(states[0], state)]
+    if len(reverse) > 1:
+        raise MtError(f"{paths[reverse[1]]}: a second model of the reverse direction; an ensemble reranks with one "
+                      f"channel model ({paths[reverse[0]]})")
+    backward = [i for i, state in enumerate(states) if right_to_left(state) and i not in reverse]
+    forward = [i for i in range(len(states)) if i not in backward + reverse]
     if len(backward) > 1:
         raise MtError(f"{paths[backward[1]]}: a second right-to-left model; an ensemble reranks with one "
                       f"({paths[backward[0]]})")
@@ -85,10 +91,14 @@ def combine(paths: list[Path]) -> dict[str, Any]:
         raise MtError(f"an ensemble needs at least two checkpoints, one of them left to right; {len(paths)} given"
                       + (", all right to left (model.right_to_left)" if paths and not forward else ""))
     first = states[forward[0]]
-    for path, state in zip(paths, states, strict=True):
+    if reverse and forward + backward == forward[:1] and "members" in first:  # an ensemble, given a channel
+        combined = {key: value for key, value in first.items() if key != "channel"}
+        return with_channel(combined | {"metrics": dict(first["metrics"])}, states[reverse[0]], paths[reverse[0]])
+    for path, state in [(paths[i], states[i]) for i in forward + backward]:  # the channel is checked as it is loaded
         if "members" in state:
             raise MtError(f"{path}: already an ensemble; give the checkpoints of its members "
-                          f"({', '.join(m['path'] for m in state['metrics']['ensemble'])})")
+                          f"({', '.join(m['path'] for m in state['metrics']['ensemble'])}), or it alone with a "
+                          "channel model")
         if state["spm"] != first["spm"]:
             raise MtError(f"{path}: another vocabulary than {paths[forward[0]]}; ensemble models trained on one "
                           "prepared data directory")
@@ -103,7 +113,22 @@ def combine(paths: list[Path]) -> dict[str, Any]:
     if backward:
         combined["reranker"] = states[backward[0]]["model"]
         combined["metrics"]["reranker"] = {"path": str(paths[backward[0]]), "step": states[backward[0]].get("step")}
+    return with_channel(combined, states[reverse[0]], paths[reverse[0]]) if reverse else combined
+
+
+def with_channel(combined: dict[str, Any], channel: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`combined` with `channel` (a checkpoint of the reverse direction, loaded from `path`) as its channel model;
+    of the channel, what scoring needs: its own second opinions would only be loaded, not used."""
+    combined["channel"] = {key: channel[key] for key in ("model", "members", "config", "spm", "langs")
+                           if key in channel}
+    combined["metrics"]["channel"] = {"path": str(path), "step": channel.get("step")}
     return combined
+
+
+def reversed_of(first: dict[str, Any], state: dict[str, Any]) -> bool:
+    """Whether `state` translates the opposite way to `first` (a channel model for it)."""
+    langs, other = first.get("langs") or {}, state.get("langs") or {}
+    return bool(langs) and other.get("src") == langs.get("tgt") and other.get("tgt") == langs.get("src")
 
 
 def right_to_left(state: dict[str, Any]) -> bool:

@@ -58,6 +58,8 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
                      if "ensemble" in d["metrics"] else "no (one model)"),
         ("reranker", "{path} (step {step}; right to left)".format(**d["metrics"]["reranker"])
                      if "reranker" in d["metrics"] else "none"),
+        ("channel", "{path} (step {step}; the reverse direction)".format(**d["metrics"]["channel"])
+                    if "channel" in d["metrics"] else "none"),
         ("init", f"{d['initialized_from']['from']} (step {d['initialized_from']['step']:,}; fine-tuned from it)"
                  if d.get("initialized_from") else "none (trained from scratch)"),
         ("resumable", "yes (last.pt: training state included)" if d["resumable"] else "no (weights only)"),
@@ -65,7 +67,7 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
     metrics = d["metrics"]
     if metrics:  # the validation this checkpoint was saved at, which may precede `step` in a last.pt
         rows += [("", ""), ("validation", f"at step {metrics['step']:,}" if "step" in metrics else "")]
-        rows += [(f"  {key}", format_value(value)) for key, value in metrics.items() if key not in ("step", "ensemble", "reranker")]
+        rows += [(f"  {key}", format_value(value)) for key, value in metrics.items() if key not in ("step", "ensemble", "reranker", "channel")]
     rows += [("", ""), ("config", "")]
     rows += [(f"  {key}", format_value(value)) for key, value in flatten(d["config"]).items()]
     width = max(len(key) for key, _ in rows)

@@ -81,7 +81,9 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
         "averaged_steps": metrics.get("averaged_steps"),
         "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty}
                   | ({"rerank_weight": loaded.config.decode.rerank_weight}
-                     if "reranker" in loaded.state and loaded.config.decode.beam > 1 else {}),  # greedy: unused
+                     if "reranker" in loaded.state and loaded.config.decode.beam > 1 else {})  # greedy: unused
+                  | ({"channel_weight": loaded.config.decode.channel_weight}
+                     if "channel" in loaded.state and loaded.config.decode.beam > 1 else {}),
         "valid_bleu": tuned[0].get("bleu"),
         "seed": loaded.config.train.seed,
     }

@@ -1,18 +1,25 @@
-"""Reranking: a right-to-left model rescores the K best translations of a left-to-right model (or ensemble).
+"""Reranking: second opinions on the K best translations of a left-to-right model (or ensemble).
 
-A model trained with `model.right_to_left` reads each target from its other end, so its mistakes are not the
-left-to-right model's; scoring the beam's K best with both and keeping the best agreement is Liu et al. 2016's
-and Sennrich et al. 2016's reranking. `mt ensemble L2R.pt [...] R2L.pt` stores the right-to-left model as the
-checkpoint's `reranker` (mt/ensemble.py), as the recipes' `train.rerank` does for their last member. Every command
-that searches (translate, tune, report, serve, bench) then ranks the K best by
+Two models can give them, stored beside the left-to-right one by `mt ensemble`:
+- a right-to-left model (`model.right_to_left`, the `reranker`): it reads each target from its other end, so its
+  mistakes are not the left-to-right model's (Liu et al. 2016's agreement, Sennrich et al. 2016's reranking); the
+  recipes' `train.rerank` trains one as an ensemble run's last member;
+- a model of the reverse direction (the `channel`, e.g. de→en beside en→de, any vocabulary): it scores how well a
+  translation explains its source, log P(source | translation) (Yee et al. 2019's noisy channel, without their
+  language model).
 
-    (log P_l2r + w · log P_r2l) / (1 + w) / lp(length),
+Every command that searches (translate, tune, report, serve, bench) then ranks the K best by
 
-w the checkpoint's `decode.rerank_weight` (`mt tune` chooses it) and lp the search's length penalty. Greedy
-search (beam 1) has nothing to rerank; it, forced scoring (`mt score`) and attention use the left-to-right model.
+    (log P_l2r + w · log P_r2l + c · log P_channel) / (1 + w + c) / lp(length),
+
+w and c the checkpoint's `decode.rerank_weight` and `decode.channel_weight` (`mt tune` chooses them; a missing
+model's weight counts as 0) and lp the search's length penalty. Greedy search (beam 1) has nothing to rerank; it,
+forced scoring (`mt score`) and attention use the left-to-right model.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -20,14 +27,39 @@ from torch import Tensor, nn
 from mt.score import score_ids
 from mt.search import Hypothesis, length_penalty
 
+if TYPE_CHECKING:
+    from mt.checkpoint import Loaded
+    from mt.tokenizer import Tokenizer
+
+
+class Channel:
+    """A checkpoint of the reverse direction, loaded, and the forward model's tokenizers to hand it text."""
+
+    def __init__(self, reverse: Loaded, src_tok: Tokenizer, tgt_tok: Tokenizer, lead: list[int]):
+        self.reverse, self.src_tok, self.tgt_tok, self.lead = reverse, src_tok, tgt_tok, lead
+
+    def logprobs(self, srcs: list[list[int] | None], found: list[list[Hypothesis]], batch_tokens: int,
+                 device: torch.device) -> list[list[float]]:
+        """log P(source | hypothesis) of each hypothesis in `found`, both turned to text and read in the channel's
+        vocabulary (the source as the forward model read it: a piece it did not know stays unknown)."""
+        flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
+        texts = self.tgt_tok.decode([h.tokens for _, h in flat])
+        sources = self.src_tok.decode([srcs[i][len(self.lead):] for i, _ in flat])
+        limit = self.reverse.model.cfg.max_len - 1  # another vocabulary may cut a sentence into more pieces
+        ch_srcs = [(self.reverse.lead + s)[:limit] for s in self.reverse.src_tok.encode(texts)]
+        ch_tgts = [t[:limit] for t in self.reverse.tgt_tok.encode(sources)]
+        scores = iter(score_ids(self.reverse.model, ch_srcs, ch_tgts, device, batch_tokens))
+        return [[next(scores) for _ in hyps] for hyps in found]
+
 
 class Reranked(nn.Module):
     """The decoding interface of `mt.model.Transformer`, served by the left-to-right model `left`; `right`, a
-    right-to-left model of the same vocabulary, is there to `rerank` what searching `left` finds."""
+    right-to-left model of the same vocabulary, and `channel`, a model of the reverse direction, are there to
+    `rerank` what searching `left` finds (either may be None)."""
 
-    def __init__(self, left: nn.Module, right: nn.Module):
+    def __init__(self, left: nn.Module, right: nn.Module | None = None, channel: Channel | None = None):
         super().__init__()
-        self.left, self.right = left, right
+        self.left, self.right, self.channel = left, right, channel
         self.cfg = left.cfg
 
     def encode(self, src: Tensor):
@@ -43,19 +75,32 @@ class Reranked(nn.Module):
         return self.left(src, tgt)
 
 
-def backward_logprobs(right: nn.Module, srcs: list[list[int] | None], found: list[list[Hypothesis]],
-                      batch_tokens: int, device: torch.device) -> list[list[float]]:
-    """log P_r2l of each hypothesis in `found` (each source's left-to-right K best; none for a None source)."""
-    flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
-    scores = iter(score_ids(right, [srcs[i] for i, _ in flat], [h.tokens for _, h in flat], device, batch_tokens))
-    return [[next(scores) for _ in hyps] for hyps in found]
+Opinions = tuple[list[list[float]] | None, list[list[float]] | None]  # (log P_r2l, log P_channel), None: no model
 
 
-def rerank(found: list[list[Hypothesis]], backward: list[list[float]], weight: float, len_penalty: float,
-           nbest: int) -> list[list[Hypothesis]]:
+def opinions(model: Reranked, srcs: list[list[int] | None], found: list[list[Hypothesis]], batch_tokens: int,
+             device: torch.device) -> Opinions:
+    """The right-to-left and channel models' log-probabilities of each hypothesis in `found` (each source's
+    left-to-right K best; none for a None source)."""
+    backward = None
+    if model.right is not None:
+        flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
+        scores = iter(score_ids(model.right, [srcs[i] for i, _ in flat], [h.tokens for _, h in flat], device,
+                                batch_tokens))
+        backward = [[next(scores) for _ in hyps] for hyps in found]
+    channel = None if model.channel is None else model.channel.logprobs(srcs, found, batch_tokens, device)
+    return backward, channel
+
+
+def rerank(found: list[list[Hypothesis]], views: Opinions, weight: float, channel_weight: float,
+           len_penalty: float, nbest: int) -> list[list[Hypothesis]]:
     """The `nbest` of each source's hypotheses `found`, best first by the score above, which each returned
     hypothesis carries; `logprob` stays the left-to-right model's."""
-    ranked = [[Hypothesis(h.tokens, (h.logprob + weight * back) / (1 + weight)
-                          / length_penalty(len(h.tokens) + 1, len_penalty), h.logprob)
-               for h, back in zip(hyps, backs, strict=True)] for hyps, backs in zip(found, backward, strict=True)]
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in ranked]
+    weighted = [(w, scores) for w, scores in zip((weight, channel_weight), views, strict=True) if scores is not None]
+    total = 1 + sum(w for w, _ in weighted)
+    ranked = []
+    for i, hyps in enumerate(found):
+        ranked.append(sorted((Hypothesis(h.tokens, (h.logprob + sum(w * scores[i][j] for w, scores in weighted))
+                                         / total / length_penalty(len(h.tokens) + 1, len_penalty), h.logprob)
+                              for j, h in enumerate(hyps)), key=lambda h: -h.score)[:nbest])
+    return ranked

@@ -32,7 +32,7 @@ from mt.exported import load as load_exported
 from mt.fast import PRECISIONS, compile_decoding
 from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
 from mt.options import TranslateRequest
-from mt.rerank import Reranked, backward_logprobs, rerank
+from mt.rerank import Reranked, opinions, rerank
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -57,11 +57,13 @@ class Options:
     nbest: int = 1
     precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
     rerank_weight: float = 1.0  # a checkpoint with a right-to-left reranker's w (mt/rerank.py)
+    channel_weight: float = 0.25  # a checkpoint with a channel model's c (mt/rerank.py)
 
     @classmethod
     def from_config(cls, decode_cfg: DecodeConfig, **changes) -> Options:
         opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
-                   decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight)
+                   decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight,
+                   channel_weight=decode_cfg.channel_weight)
         for key, value in changes.items():
             if value is not None:
                 setattr(opts, key, value)
@@ -288,8 +290,8 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
     if isinstance(model, Reranked) and opts.beam > 1:  # the K best of the left-to-right model, reranked
         found = translate_ids(model.left, srcs, replace(opts, nbest=opts.beam), device)
         with autocast(opts.precision, device):
-            backward = backward_logprobs(model.right, srcs, found, opts.batch_tokens, device)
-        return rerank(found, backward, opts.rerank_weight, opts.len_penalty, opts.nbest)
+            views = opinions(model, srcs, found, opts.batch_tokens, device)
+        return rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, opts.nbest)
     if isinstance(model, CTranslate2Model):
         return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
                             opts.batch_tokens) if srcs else []

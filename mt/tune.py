@@ -3,7 +3,8 @@
 The length penalty that suits a model depends on how it was trained (an undertrained model stops early and
 likes a high penalty), so it is chosen per model on the validation set, never on the test set. The winner is
 written into the checkpoint's `decode` config: `mt translate` and `mt evaluate` then use it without flags. A
-checkpoint with a right-to-left reranker (mt/rerank.py) has its weight chosen too, for every beam above 1.
+checkpoint with a right-to-left reranker or a channel model (mt/rerank.py) has their weights chosen too, for every
+beam above 1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DEFAULT_BEAMS = (1, 5)
 RERANK_BEAMS = (1, 5, 8)  # a reranker gains from a wider beam: more candidates to choose among (docs/results.md)
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
+CHANNEL_WEIGHTS = (0.0, 0.1, 0.25)  # a channel model's: above 0.25 it lost on Multi30k's valid; 0 turns it off
 
 
 def parse_grid(beams: str, penalties: str, weights: str = "1") -> tuple[tuple[int, ...], tuple[float, ...],
@@ -36,60 +38,73 @@ def parse_grid(beams: str, penalties: str, weights: str = "1") -> tuple[tuple[in
     try:
         beam_list = tuple(int(b) for b in beams.split(","))
         penalty_list = tuple(float(a) for a in penalties.split(","))
-        weight_list = tuple(float(w) for w in weights.split(","))
     except ValueError:
-        raise MtError(f"--beams {beams!r} / --len-penalties {penalties!r} / --rerank-weights {weights!r}: expected "
-                      "comma-separated numbers, e.g. 1,5") from None
+        raise MtError(f"--beams {beams!r} / --len-penalties {penalties!r}: expected comma-separated numbers, "
+                      "e.g. 1,5") from None
     if min(beam_list) < 1:
         raise MtError(f"--beams {beams!r}: each beam size must be at least 1")
     if not all(0 <= a <= 10 for a in penalty_list):  # NaN fails too
         raise MtError(f"--len-penalties {penalties!r}: each length penalty must be in [0, 10]")
+    return beam_list, penalty_list, parse_weights(weights, "--rerank-weights")
+
+
+def parse_weights(weights: str, flag: str) -> tuple[float, ...]:
+    """A reranking model's comma-separated weights, each 0 (the left-to-right scores alone) or more."""
+    try:
+        weight_list = tuple(float(w) for w in weights.split(","))
+    except ValueError:
+        raise MtError(f"{flag} {weights!r}: expected comma-separated numbers, e.g. 0.5,1") from None
     if not all(w >= 0 for w in weight_list):
-        raise MtError(f"--rerank-weights {weights!r}: each weight must be 0 (the left-to-right scores alone) or more")
-    return beam_list, penalty_list, weight_list
+        raise MtError(f"{flag} {weights!r}: each weight must be 0 (the left-to-right scores alone) or more")
+    return weight_list
 
 
-def grid(beams: tuple[int, ...], penalties: tuple[float, ...], weights: tuple[float | None, ...] = (None,)
-         ) -> list[tuple[int, float, float | None]]:
-    """(beam, len_penalty, rerank weight) settings to try; greedy search ignores the penalty and has nothing to
-    rerank, so it is tried once; a weight of None: no reranker."""
+def grid(beams: tuple[int, ...], penalties: tuple[float, ...], weights: tuple[float | None, ...] = (None,),
+         channel_weights: tuple[float | None, ...] = (None,)) -> list[tuple[int, float, float | None, float | None]]:
+    """(beam, len_penalty, rerank weight, channel weight) settings to try; greedy search ignores the penalty and
+    has nothing to rerank, so it is tried once; a weight of None: no such model."""
     settings = []
     for beam in beams:
         for alpha in penalties[:1] if beam == 1 else penalties:
             for weight in weights[:1] if beam == 1 else weights:
-                settings.append((beam, alpha, weight))
+                for channel in channel_weights[:1] if beam == 1 else channel_weights:
+                    settings.append((beam, alpha, weight, channel))
     return settings
 
 
 def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.device,
          beams: tuple[int, ...] = DEFAULT_BEAMS, penalties: tuple[float, ...] = DEFAULT_PENALTIES,
-         progress: bool = True, weights: tuple[float, ...] = DEFAULT_WEIGHTS) -> list[dict]:
+         progress: bool = True, weights: tuple[float, ...] = DEFAULT_WEIGHTS,
+         channel_weights: tuple[float, ...] = CHANNEL_WEIGHTS) -> list[dict]:
     """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster). `weights`
-    are tried only with a right-to-left reranker."""
+    are tried only with a right-to-left reranker, `channel_weights` only with a channel model."""
     from dataclasses import replace
 
-    from mt.rerank import Reranked, backward_logprobs, rerank
+    from mt.rerank import Reranked, opinions, rerank
     from mt.translate import Options, encode_lines, search_lines, translate_lines
 
-    reranked = isinstance(loaded.model, Reranked)
+    model = loaded.model
+    right = isinstance(model, Reranked) and model.right is not None
+    channel = isinstance(model, Reranked) and model.channel is not None
     results = []
-    candidates: dict = {}  # (beam, alpha): the K best and their backward scores, searched once for all weights
-    settings = grid(beams, penalties, weights if reranked else (None,))
-    for beam, alpha, weight in tqdm(settings, desc="tune", unit="setting", disable=not progress):
-        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight)
-        if reranked and beam > 1:
+    candidates: dict = {}  # (beam, alpha): the K best and the other models' scores, searched once for all weights
+    settings = grid(beams, penalties, weights if right else (None,), channel_weights if channel else (None,))
+    for beam, alpha, weight, channel_weight in tqdm(settings, desc="tune", unit="setting", disable=not progress):
+        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
+                                   channel_weight=channel_weight)
+        if isinstance(model, Reranked) and beam > 1:
             if (beam, alpha) not in candidates:
                 srcs = encode_lines(loaded, sources)
-                found = search_lines(loaded.model.left, srcs, replace(opts, nbest=beam), device)
-                candidates[beam, alpha] = found, backward_logprobs(loaded.model.right, srcs, found,
-                                                                   opts.batch_tokens, device)
-            hyps = rerank(*candidates[beam, alpha], weight, alpha, 1)
+                found = search_lines(model.left, srcs, replace(opts, nbest=beam), device)
+                candidates[beam, alpha] = found, opinions(model, srcs, found, opts.batch_tokens, device)
+            hyps = rerank(*candidates[beam, alpha], opts.rerank_weight, opts.channel_weight, alpha, 1)
         else:
             hyps = translate_lines(loaded, sources, opts, device)
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])
         bleu = sacrebleu.corpus_bleu(texts, [refs]).score
-        chosen_weight = {"rerank_weight": weight} if reranked and beam > 1 else {}
-        results.append({"beam": beam, "len_penalty": alpha, **chosen_weight, "bleu": round(bleu, 2)})
+        chosen = ({"rerank_weight": weight} if right and beam > 1 else {}) \
+            | ({"channel_weight": channel_weight} if channel and beam > 1 else {})
+        results.append({"beam": beam, "len_penalty": alpha, **chosen, "bleu": round(bleu, 2)})
     return sorted(results, key=lambda r: (-r["bleu"], r["beam"]))
 
 
@@ -98,7 +113,7 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
     from mt import checkpoint
 
     state = dict(loaded.state)
-    chosen = {key: best[key] for key in ("beam", "len_penalty", "rerank_weight") if key in best}
+    chosen = {key: best[key] for key in ("beam", "len_penalty", "rerank_weight", "channel_weight") if key in best}
     state["config"] = {**state["config"], "decode": {**state["config"]["decode"], **chosen}}
     state["metrics"] = {**(state.get("metrics") or {}), "tuned": results}
     checkpoint.save(state, out)
@@ -106,11 +121,13 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
 
 def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str | None, penalties: str,
                     device: str = DEVICE, progress: bool = True, to: str | None = None,
-                    weights: str = ",".join(map(str, DEFAULT_WEIGHTS))) -> list[dict]:
+                    weights: str = ",".join(map(str, DEFAULT_WEIGHTS)),
+                    channel_weights: str = ",".join(map(str, CHANNEL_WEIGHTS))) -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
-    over the comma-separated `beams` (None: DEFAULT_BEAMS, or RERANK_BEAMS with a reranker) and `penalties` (and a
-    reranker's `weights`), and write it to `out` with the best setting as its decode defaults. `to` turns a two-way
-    model to its other direction, which `out` then translates. Returns every setting's BLEU, best first."""
+    over the comma-separated `beams` (None: DEFAULT_BEAMS, or RERANK_BEAMS with a reranker or channel) and
+    `penalties` (and a reranker's `weights`, a channel model's `channel_weights`), and write it to `out` with the
+    best setting as its decode defaults. `to` turns a two-way model to its other direction, which `out` then
+    translates. Returns every setting's BLEU, best first."""
     from mt.checkpoint import load_model
     from mt.device import pick_device
     from mt.rerank import Reranked
@@ -118,14 +135,15 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
     if (src is None) != (ref is None):
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
     beam_list, penalty_list, weight_list = parse_grid(beams or "1", penalties, weights)
+    channel_list = parse_weights(channel_weights, "--channel-weights")
     check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):
         loaded = load_model(path, dev, to=to)
         if beams is None:
-            beam_list = RERANK_BEAMS if isinstance(loaded.model, Reranked) else DEFAULT_BEAMS
+            beam_list = RERANK_BEAMS if isinstance(loaded.model, Reranked) else DEFAULT_BEAMS  # reranker or channel
         sources, refs = held_out(loaded, src, ref)
-        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list)
+        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list, channel_list)
         save_tuned(loaded, results[0], results, out)
     return results
 
@@ -133,13 +151,13 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
 def summary(results: list[dict], out: Path) -> str:
     """What `mt tune` prints: each setting's BLEU, best first, then the choice written to `out`."""
     def weight(r: dict) -> str:
-        return f"  rerank_weight {r['rerank_weight']:.2f}" if "rerank_weight" in r else ""
+        return "".join(f"  {key} {r[key]:.2f}" for key in ("rerank_weight", "channel_weight") if key in r)
 
     lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}{weight(r)}  BLEU {r['bleu']:6.2f}"
              for r in results]
     best = results[0]
     lines.append(f"{out}: decodes with beam {best['beam']}, len_penalty {best['len_penalty']}"
-                 + (f", rerank_weight {best['rerank_weight']}" if "rerank_weight" in best else ""))
+                 + "".join(f", {key} {best[key]}" for key in ("rerank_weight", "channel_weight") if key in best))
     return "\n".join(lines)
 
 

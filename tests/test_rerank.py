@@ -1,5 +1,6 @@
 """Reranking (mt/rerank.py): a right-to-left model, stored beside a left-to-right one by `mt ensemble` or trained as
-an ensemble run's last member (`train.rerank`), reorders the left-to-right model's K best."""
+an ensemble run's last member (`train.rerank`), and a channel model of the reverse direction reorder the
+left-to-right model's K best."""
 
 import pytest
 import torch
@@ -12,8 +13,9 @@ from mt.config import Config, from_dict
 from mt.ensemble import combine
 from mt.errors import MtError
 from mt.members import member_config
+from mt.prepare import prepare
 from mt.report import report_run
-from mt.score import score_ids
+from mt.score import score_ids, score_pairs
 from mt.search import length_penalty
 from mt.train import train
 from mt.translate import Options, translate_lines
@@ -47,14 +49,98 @@ def test_the_pair_translates_the_best_of_the_left_to_right_k_best_by_both_models
     assert [sorted(map(tuple, (h.tokens for h in hyps))) for hyps in ours] == \
            [sorted(map(tuple, (h.tokens for h in hyps))) for hyps in found]  # the same K best, reordered
     srcs = left.src_tok.encode([SOURCES[i] for i, hyps in enumerate(found) for _ in hyps])
-    backward = iter(score_ids(right.model, srcs, [h.tokens for hyps in found for h in hyps]))
-    expected = [sorted(((h.logprob + next(backward)) / 2 / length_penalty(len(h.tokens) + 1, 1.0), h.tokens)
+    assert_ordered_at_weight_1(ours, found, score_ids(right.model, srcs, [h.tokens for hyps in found for h in hyps]))
+
+
+def assert_ordered_at_weight_1(ours, found, other: list[float]) -> None:
+    """`ours` is `found` (the left-to-right K best) ordered by (log P_l2r + other) / 2 / lp(length, 1.0), `other` the
+    second model's score of each hypothesis in turn, with at least one choice changed."""
+    scores = iter(other)
+    expected = [sorted(((h.logprob + next(scores)) / 2 / length_penalty(len(h.tokens) + 1, 1.0), h.tokens)
                        for h in hyps)[::-1] for hyps in found]
     assert [[h.tokens for h in hyps] for hyps in ours] == [[tokens for _, tokens in hyps] for hyps in expected]
     assert [h.score for hyps in ours for h in hyps] == pytest.approx([s for hyps in expected for s, _ in hyps],
                                                                      abs=1e-4)
     assert any(a[0].tokens != b[0].tokens for a, b in zip(ours, found, strict=True) if a), \
-        "the right-to-left scores should change a choice, or the test proves nothing"
+        "the second model's scores should change a choice, or the test proves nothing"
+
+
+@pytest.fixture(scope="module")
+def channel(pair):
+    """An en→de model of the pair's corpus, reversed, with a vocabulary of its own: a channel for the de→en pair."""
+    root, corpus = pair[0].parent.parent, pair[0].parent.parent / "corpus"
+    prepare(root / "rev", "en", "de", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=48,
+            progress=False)
+    cfg = from_dict(checkpoint.load(pair[0])["config"])
+    cfg.data = str(root / "rev")
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = 0
+    threads = torch.get_num_threads()
+    train(cfg, root / "en-de", progress=False)
+    torch.set_num_threads(threads)
+    return root / "en-de" / "best.pt"
+
+
+def test_a_channel_model_reorders_the_k_best_by_how_well_each_explains_its_source(pair, channel):
+    both, left, reverse = from_state(combine([pair[0], channel])), load_model(pair[0]), load_model(channel)
+    assert checkpoint.load(channel)["spm"] != checkpoint.load(pair[0])["spm"]  # text, not pieces, crosses over
+    opts = Options.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, channel_weight=1.0)
+    ours, found = (translate_lines(m, SOURCES, opts, CPU) for m in (both, left))
+    read = left.src_tok.decode(left.src_tok.encode(SOURCES))  # the source as the model read it (40 pieces)
+    flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
+    explains = score_pairs(reverse, left.tgt_tok.decode([h.tokens for _, h in flat]), [read[i] for i, _ in flat])
+    assert_ordered_at_weight_1(ours, found, explains)
+
+
+def test_tune_chooses_the_channel_weight_that_translate_then_uses(pair, channel, tmp_path):
+    runner = CliRunner()
+    joined, tuned = tmp_path / "three.pt", tmp_path / "tuned.pt"
+    result = runner.invoke(app, ["ensemble", str(pair[0]), str(channel), str(pair[1]), "--out", str(joined)])
+    assert result.exit_code == 0, result.output
+    assert "a model and a right-to-left model and a channel model (en→de) to rerank with" in result.output
+    result = runner.invoke(app, ["info", str(joined)])
+    assert result.exit_code == 0 and f"{channel} (step 200; the reverse direction)" in result.output, result.output
+    result = runner.invoke(app, ["tune", "-c", str(joined), "--out", str(tuned), "--beams", "3",
+                                 "--len-penalties", "1.0", "--rerank-weights", "0.5", "--channel-weights", "0,2",
+                                 "--quiet"])
+    assert result.exit_code == 0, result.output
+    results = checkpoint.load(tuned)["metrics"]["tuned"]
+    assert sorted((r["rerank_weight"], r["channel_weight"]) for r in results) == [(0.5, 0.0), (0.5, 2.0)]
+    decode = checkpoint.load(tuned)["config"]["decode"]
+    assert decode["channel_weight"] == results[0]["channel_weight"]
+    assert f"channel_weight {results[0]['channel_weight']}" in result.output.splitlines()[-1]
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    loaded, outputs = load_model(joined), []
+    for weight in (0.0, 2.0):  # the checkpoint's channel weight, set to each in turn, is what translate uses
+        state = checkpoint.load(tuned)
+        state["config"]["decode"]["channel_weight"] = weight
+        checkpoint.save(state, tmp_path / "set.pt")
+        result = runner.invoke(app, ["translate", "-c", str(tmp_path / "set.pt"), "--input", str(src), "--beam", "3"])
+        assert result.exit_code == 0, result.output
+        opts = Options.from_config(loaded.config.decode, beam=3, len_penalty=decode["len_penalty"],
+                                   rerank_weight=0.5, channel_weight=weight)
+        expected = loaded.tgt_tok.decode([h[0].tokens if h else []
+                                          for h in translate_lines(loaded, SOURCES, opts, CPU)])
+        assert result.output.splitlines() == expected
+        outputs.append(expected)
+    assert outputs[0] != outputs[1], "the two weights should translate differently, or the test proves nothing"
+    with pytest.raises(MtError, match="a second model of the reverse direction"):
+        combine([pair[0], channel, channel])
+    result = runner.invoke(app, ["export", str(joined), "--to", "ctranslate2", "--out", str(tmp_path / "ct2")])
+    assert_refused(result, "a channel model (en→de) to rerank with", "needs one model")
+
+
+def test_an_ensemble_checkpoint_given_a_channel_keeps_its_models_and_gains_the_channel(pair, channel, tmp_path):
+    checkpoint.save(combine(list(pair)), tmp_path / "pair.pt")  # e.g. a recipe's final.pt
+    state = combine([tmp_path / "pair.pt", channel])
+    assert state["members"][0].keys() == checkpoint.load(pair[0])["model"].keys() and "reranker" in state
+    assert state["metrics"]["channel"]["path"] == str(channel)
+    both, paired = from_state(state), load_model(tmp_path / "pair.pt")
+    opts = Options.from_config(paired.config.decode, beam=4, rerank_weight=1.0, channel_weight=0.0)
+    assert [[h.tokens for h in hyps] for hyps in translate_lines(both, SOURCES, opts, CPU)] == \
+           [[h.tokens for h in hyps] for hyps in translate_lines(paired, SOURCES, opts, CPU)]
+    with pytest.raises(MtError, match="already an ensemble"):
+        combine([tmp_path / "pair.pt", pair[0], channel])
 
 
 def test_at_weight_0_or_greedy_it_translates_as_the_left_to_right_model(pair):

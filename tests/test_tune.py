@@ -24,8 +24,11 @@ def best(prepared, tmp_path_factory):  # noqa: F811
 
 
 def test_greedy_is_tried_once_whatever_the_length_penalty():
-    assert grid((1, 4), (0.6, 1.0)) == [(1, 0.6, None), (4, 0.6, None), (4, 1.0, None)]
-    assert grid((1, 4), (0.6,), (0.5, 1.0)) == [(1, 0.6, 0.5), (4, 0.6, 0.5), (4, 0.6, 1.0)]  # a reranker's weights
+    assert grid((1, 4), (0.6, 1.0)) == [(1, 0.6, None, None), (4, 0.6, None, None), (4, 1.0, None, None)]
+    assert grid((1, 4), (0.6,), (0.5, 1.0)) == [(1, 0.6, 0.5, None), (4, 0.6, 0.5, None),
+                                                (4, 0.6, 1.0, None)]  # a reranker's weights
+    assert grid((1, 4), (0.6,), (None,), (0.0, 0.25)) == [(1, 0.6, None, 0.0), (4, 0.6, None, 0.0),
+                                                          (4, 0.6, None, 0.25)]  # a channel model's
 
 
 def test_the_grid_options_parse_as_numbers_or_fail_in_one_line():
