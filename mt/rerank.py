@@ -42,14 +42,15 @@ class Channel:
                  device: torch.device) -> list[list[float]]:
         """log P(source | hypothesis) of each hypothesis in `found`, both turned to text and read in the channel's
         vocabulary (the source as the forward model read it: a piece it did not know stays unknown)."""
-        flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
-        texts = self.tgt_tok.decode([h.tokens for _, h in flat])
-        sources = self.src_tok.decode([srcs[i][len(self.lead):] for i, _ in flat])
+        owners = [i for i, hyps in enumerate(found) for _ in hyps]
+        texts = self.tgt_tok.decode([h.tokens for hyps in found for h in hyps])
         limit = self.reverse.model.cfg.max_len - 1  # another vocabulary may cut a sentence into more pieces
         ch_srcs = [(self.reverse.lead + s)[:limit] for s in self.reverse.src_tok.encode(texts)]
-        ch_tgts = [t[:limit] for t in self.reverse.tgt_tok.encode(sources)]
-        scores = iter(score_ids(self.reverse.model, ch_srcs, ch_tgts, device, batch_tokens))
-        return [[next(scores) for _ in hyps] for hyps in found]
+        once = sorted(set(owners))  # each source read once, however many hypotheses it has
+        encoded = self.reverse.tgt_tok.encode(self.src_tok.decode([srcs[i][len(self.lead):] for i in once]))
+        read = {i: t[:limit] for i, t in zip(once, encoded, strict=True)}
+        return per_source(found, score_ids(self.reverse.model, ch_srcs, [read[i] for i in owners], device,
+                                           batch_tokens))
 
 
 class Reranked(nn.Module):
@@ -84,12 +85,16 @@ def opinions(model: Reranked, srcs: list[list[int] | None], found: list[list[Hyp
     left-to-right K best; none for a None source)."""
     backward = None
     if model.right is not None:
-        flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
-        scores = iter(score_ids(model.right, [srcs[i] for i, _ in flat], [h.tokens for _, h in flat], device,
-                                batch_tokens))
-        backward = [[next(scores) for _ in hyps] for hyps in found]
+        backward = per_source(found, score_ids(model.right, [srcs[i] for i, hyps in enumerate(found) for _ in hyps],
+                                               [h.tokens for hyps in found for h in hyps], device, batch_tokens))
     channel = None if model.channel is None else model.channel.logprobs(srcs, found, batch_tokens, device)
     return backward, channel
+
+
+def per_source(found: list[list[Hypothesis]], scores: list[float]) -> list[list[float]]:
+    """`scores`, one per hypothesis of `found` in order, grouped as `found` is."""
+    flat = iter(scores)
+    return [[next(flat) for _ in hyps] for hyps in found]
 
 
 def rerank(found: list[list[Hypothesis]], views: Opinions, weight: float, channel_weight: float,

@@ -30,6 +30,7 @@ RERANK_BEAMS = (1, 5, 8)  # a reranker gains from a wider beam: more candidates 
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
 CHANNEL_WEIGHTS = (0.0, 0.1, 0.25)  # a channel model's: above 0.25 it lost on Multi30k's valid; 0 turns it off
+WEIGHT_KEYS = ("rerank_weight", "channel_weight")  # a setting's reranking weights, where it has them
 
 
 def parse_grid(beams: str, penalties: str, weights: str = "1") -> tuple[tuple[int, ...], tuple[float, ...],
@@ -88,13 +89,13 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
     channel = isinstance(model, Reranked) and model.channel is not None
     results = []
     candidates: dict = {}  # (beam, alpha): the K best and the other models' scores, searched once for all weights
+    srcs = encode_lines(loaded, sources) if isinstance(model, Reranked) else []
     settings = grid(beams, penalties, weights if right else (None,), channel_weights if channel else (None,))
     for beam, alpha, weight, channel_weight in tqdm(settings, desc="tune", unit="setting", disable=not progress):
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
                                    channel_weight=channel_weight)
         if isinstance(model, Reranked) and beam > 1:
             if (beam, alpha) not in candidates:
-                srcs = encode_lines(loaded, sources)
                 found = search_lines(model.left, srcs, replace(opts, nbest=beam), device)
                 candidates[beam, alpha] = found, opinions(model, srcs, found, opts.batch_tokens, device)
             hyps = rerank(*candidates[beam, alpha], opts.rerank_weight, opts.channel_weight, alpha, 1)
@@ -113,7 +114,7 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
     from mt import checkpoint
 
     state = dict(loaded.state)
-    chosen = {key: best[key] for key in ("beam", "len_penalty", "rerank_weight", "channel_weight") if key in best}
+    chosen = {key: best[key] for key in ("beam", "len_penalty", *WEIGHT_KEYS) if key in best}
     state["config"] = {**state["config"], "decode": {**state["config"]["decode"], **chosen}}
     state["metrics"] = {**(state.get("metrics") or {}), "tuned": results}
     checkpoint.save(state, out)
@@ -151,13 +152,13 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
 def summary(results: list[dict], out: Path) -> str:
     """What `mt tune` prints: each setting's BLEU, best first, then the choice written to `out`."""
     def weight(r: dict) -> str:
-        return "".join(f"  {key} {r[key]:.2f}" for key in ("rerank_weight", "channel_weight") if key in r)
+        return "".join(f"  {key} {r[key]:.2f}" for key in WEIGHT_KEYS if key in r)
 
     lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}{weight(r)}  BLEU {r['bleu']:6.2f}"
              for r in results]
     best = results[0]
     lines.append(f"{out}: decodes with beam {best['beam']}, len_penalty {best['len_penalty']}"
-                 + "".join(f", {key} {best[key]}" for key in ("rerank_weight", "channel_weight") if key in best))
+                 + "".join(f", {key} {best[key]}" for key in WEIGHT_KEYS if key in best))
     return "\n".join(lines)
 
 
