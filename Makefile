@@ -43,13 +43,20 @@ demo: install
 # test. Leaves runs/NAME/final.pt and runs/NAME/report.json. SEED=N trains with another seed into runs/NAME_sN.
 # A config with train.members: N trains N models into runs/NAME/member-*, and final.pt is their ensemble.
 # NAME=CORPUS_SRC_TGT_both: one model of both directions (train.two_way); also final.TGT-SRC.pt, report.TGT-SRC.json.
+# NAME=CORPUS_SRC_TGT_channel: the recipes of both directions with one SEED (each skipped where its report.json is),
+# then each one's final.pt reranked by the other's as its channel model (mt ensemble): final.channel.pt and
+# report.channel.json in each of the two runs. The two-direction system's training is both runs'.
 NAME   ?= multi30k_de_en
 SEED   ?= 1
 AVERAGE ?= 1,2,4,8
 LANGS  = $(subst _, ,$(NAME))
 TWO_WAY = $(filter both,$(word 4,$(LANGS)))
 BACK    = $(word 3,$(LANGS))-$(word 2,$(LANGS))
-RECIPE_RUN = runs/$(NAME)$(if $(filter-out 1,$(SEED)),_s$(SEED))
+SEEDED  = $(if $(filter-out 1,$(SEED)),_s$(SEED))
+RECIPE_RUN = runs/$(NAME)$(SEEDED)
+CHANNEL = $(filter channel,$(word 4,$(LANGS)))
+FORTH   = $(word 1,$(LANGS))_$(word 2,$(LANGS))_$(word 3,$(LANGS))
+BACKWARD = $(word 1,$(LANGS))_$(word 3,$(LANGS))_$(word 2,$(LANGS))
 # On a CPU, one single-thread process per core, each taking an equal share of the config's batch (train.max_tokens):
 # more steps an hour than one process on all the cores. PROCS=1 trains in one process, as on a GPU (nvidia-smi found).
 # (nproc without OMP_NUM_THREADS, which it would otherwise report: the cores, not a thread setting.)
@@ -58,10 +65,19 @@ SHARE   = $$($(BIN)/python -c "from mt.config import load_config; print(load_con
 TRAIN   = $(if $(filter 1,$(PROCS)),$(BIN)/mt train,OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(PROCS) -m mt train)
 SPLIT   = $(if $(filter 1,$(PROCS)),,--set train.max_tokens=$(SHARE) --set train.threads=1)
 
+ifneq ($(CHANNEL),)
+recipe: install
+	@test -f configs/$(FORTH).yaml -a -f configs/$(BACKWARD).yaml -a -z "$(word 5,$(LANGS))" || \
+		{ echo "NAME=$(NAME) needs configs/$(FORTH).yaml and configs/$(BACKWARD).yaml"; exit 2; }
+	test -f runs/$(FORTH)$(SEEDED)/report.json || $(MAKE) recipe NAME=$(FORTH) SEED=$(SEED)
+	test -f runs/$(BACKWARD)$(SEEDED)/report.json || $(MAKE) recipe NAME=$(BACKWARD) SEED=$(SEED)
+	$(call with_channel,runs/$(FORTH)$(SEEDED),runs/$(BACKWARD)$(SEEDED))
+	$(call with_channel,runs/$(BACKWARD)$(SEEDED),runs/$(FORTH)$(SEEDED))
+else
 recipe: install
 	@test -f configs/$(NAME).yaml || { echo "no configs/$(NAME).yaml"; exit 2; }
 	@test -z "$(word 5,$(LANGS))" -a -n "$(word 3,$(LANGS))" -a "$(word 4,$(LANGS))" = "$(TWO_WAY)" || \
-		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de), or CORPUS_SRC_TGT_both"; exit 2; }
+		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de), CORPUS_SRC_TGT_both or CORPUS_SRC_TGT_channel"; exit 2; }
 	test -f data/prepared/$(NAME)/meta.json || $(BIN)/mt prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
 		--tgt $(word 3,$(LANGS)) $(if $(TWO_WAY),--two-way) --out data/prepared/$(NAME)
 	if [ -n "$$(ls -d $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt $(RECIPE_RUN)/member-* 2>/dev/null)" ]; then $(TRAIN) --resume --out $(RECIPE_RUN); \
@@ -71,6 +87,14 @@ recipe: install
 	$(BIN)/mt report $(RECIPE_RUN)
 	$(if $(TWO_WAY),$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --to $(word 2,$(LANGS)) --out $(RECIPE_RUN)/final.$(BACK).pt)
 	$(if $(TWO_WAY),$(BIN)/mt report $(RECIPE_RUN) --checkpoint $(RECIPE_RUN)/final.$(BACK).pt)
+endif
+
+# RUN $(1)'s final.pt, reranked by RUN $(2)'s (the reverse direction): tuned on valid, reported on test.
+define with_channel
+$(BIN)/mt ensemble $(1)/final.pt $(2)/final.pt --out $(1)/final.channel.pt
+$(BIN)/mt tune --checkpoint $(1)/final.channel.pt --out $(1)/final.channel.pt
+$(BIN)/mt report $(1) --checkpoint $(1)/final.channel.pt
+endef
 
 # The standard grids, one process per setting; rewrite the benchmark tables (translation, training) in docs/.
 bench: install

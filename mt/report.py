@@ -3,6 +3,8 @@
 `make recipe NAME=...` ends with `mt report`: it translates the prepared test split with the final checkpoint,
 scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`
 and its speed from `log.jsonl` (its members' in an ensemble run), and writes `report.json` beside the checkpoint, atomically.
+A checkpoint reranked by a channel model (mt/ensemble.py) is reported as `report.channel.json`, with the channel's
+own run's training beside the model's: the system's training is both runs'.
 """
 
 from __future__ import annotations
@@ -31,17 +33,22 @@ from mt.translate import Options, translate_stream
 
 def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str = DEVICE) -> dict[str, Any]:
     """`recipe_report` of `checkpoint_path` (default: the run's final.pt), also written to RUN_DIR/report.json
-    (a two-way model turned to its other direction: report.SRC-TGT.json)."""
+    (a two-way model turned to its other direction: report.SRC-TGT.json; one with a channel: report.channel.json)."""
     final = Path(checkpoint_path or Path(run_dir) / "final.pt")
     if not final.is_file():
         raise MtError(f"{final}: not found; make it first, e.g. `mt average {run_dir} --last 8 --out {final}`")
     dev = pick_device(device)
     loaded = load_model(final, dev)
-    path = Path(run_dir) / f"report{other_way(loaded)}.json"
+    path = Path(run_dir) / f"report{report_suffix(loaded)}.json"
     with writing_into(path):
         report = recipe_report(run_dir, final, loaded, dev)
         write_report(report, path)
     return report
+
+
+def report_suffix(loaded: Loaded) -> str:
+    """What tells this checkpoint's report and test translations from the run's own: its other way, its channel."""
+    return other_way(loaded) + (".channel" if "channel" in loaded.state else "")
 
 
 def other_way(loaded: Loaded) -> str:
@@ -52,7 +59,7 @@ def other_way(loaded: Loaded) -> str:
 
 def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device: torch.device) -> dict[str, Any]:
     """Score `loaded` (the checkpoint `final`) on the test split of the data it was trained on; training facts
-    from `run_dir/last.pt`."""
+    from `run_dir/last.pt` (and from its channel's run, `channel_training`)."""
     run_dir = Path(run_dir)
     data_dir = Path(loaded.config.data)
     src_path, ref_path = text_files(data_dir, "test", loaded.state.get("langs"))
@@ -61,10 +68,13 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
                       "or run from the directory the run was trained in (the data path is relative to it)")
     sources, refs = read_text(src_path), read_text(ref_path)
     hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
-    write_lines(run_dir / f"test{other_way(loaded)}.hyp.txt", hyps)
+    write_lines(run_dir / f"test{report_suffix(loaded)}.hyp.txt", hyps)
     cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
     metrics = loaded.state.get("metrics") or {}
     tuned = metrics.get("tuned") or [{}]
+    trained_here, channel = training(run_dir, data_dir), channel_training(loaded.state)
+    if (channel.get("channel") or {}).get("run"):
+        channel["system_train_minutes"] = round(trained_here["train_minutes"] + channel["channel"]["train_minutes"], 1)
     return {
         "run": str(run_dir),
         "checkpoint": str(final),
@@ -76,7 +86,8 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
         "ter": cased["ter"]["score"],
         "signatures": {"bleu": cased["bleu"]["signature"], "bleu_lc": lower["bleu"]["signature"],
                        "chrf": cased["chrf"]["signature"], "ter": cased["ter"]["signature"]},
-        **training(run_dir, data_dir),
+        **trained_here,
+        **channel,
         "parameters": loaded.parameters,
         "averaged_steps": metrics.get("averaged_steps"),
         "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty}
@@ -104,6 +115,19 @@ def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
     total = {key: round(sum(m[key] for m in parts), 1) for key in ("train_minutes", "epochs")}
     total |= {"steps": sum(m["steps"] for m in parts), "tgt_tokens_per_s": median(speeds)}
     return total | ({"members": members} if len(members) > 1 else {}) | ({"trunk": start} if start else {})
+
+
+def channel_training(state: dict[str, Any]) -> dict[str, Any]:
+    """{"channel": ...}: the channel model's checkpoint and, where it lies in a run directory (a recipe's final.pt),
+    that run's training; the system's training minutes are then both runs'. {} without a channel."""
+    if "channel" not in state:
+        return {}
+    path = Path(state["metrics"]["channel"]["path"])  # as `mt ensemble` was given it: relative to where it ran
+    run = path.parent
+    if not (run / checkpoint.LAST).is_file() and not member_dirs(run):
+        return {"channel": {"checkpoint": str(path), "run": None}}
+    channel = training(run, Path(state["channel"]["config"]["data"]))
+    return {"channel": {"checkpoint": str(path), "run": str(run), **channel}}
 
 
 def trained(directory: Path, data_dir: Path, start: dict | None = None) -> tuple[dict[str, Any], list[float]]:

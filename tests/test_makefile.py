@@ -70,3 +70,15 @@ def test_gpu_check_without_cuda_says_so_and_succeeds():
 def test_bench_writes_its_tables_into_the_docs_not_the_readme():
     commands = [c for c in dry_run("bench") if " bench " in c]
     assert len(commands) == 2 and all("--grid --readme docs/benchmarks.md" in c for c in commands)
+
+
+@needs_make
+def test_the_channel_recipe_trains_each_direction_not_yet_reported_then_reranks_each_by_the_other():
+    commands = dry_run("recipe", "NAME=multi30k_en_de_channel", "SEED=7")
+    assert "test -f runs/multi30k_en_de_s7/report.json || make recipe NAME=multi30k_en_de SEED=7" in commands
+    assert "test -f runs/multi30k_de_en_s7/report.json || make recipe NAME=multi30k_de_en SEED=7" in commands
+    joined = [c.split(" ", 1)[1] for c in commands if c.startswith(".venv/bin/mt ensemble")]
+    assert joined == [
+        "ensemble runs/multi30k_en_de_s7/final.pt runs/multi30k_de_en_s7/final.pt --out runs/multi30k_en_de_s7/final.channel.pt",
+        "ensemble runs/multi30k_de_en_s7/final.pt runs/multi30k_en_de_s7/final.pt --out runs/multi30k_de_en_s7/final.channel.pt"]
+    assert ".venv/bin/mt report runs/multi30k_de_en_s7 --checkpoint runs/multi30k_de_en_s7/final.channel.pt" in commands

@@ -2,6 +2,9 @@
 an ensemble run's last member (`train.rerank`), and a channel model of the reverse direction reorder the
 left-to-right model's K best."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -141,6 +144,29 @@ def test_an_ensemble_checkpoint_given_a_channel_keeps_its_models_and_gains_the_c
            [[h.tokens for h in hyps] for hyps in translate_lines(paired, SOURCES, opts, CPU)]
     with pytest.raises(MtError, match="already an ensemble"):
         combine([tmp_path / "pair.pt", pair[0], channel])
+
+
+def test_reported_with_its_channel_beside_the_run_s_own_report_with_both_runs_training(pair, channel, tmp_path):
+    run, prepared = tmp_path / "run", tmp_path / "data"  # the de→en run, and its data with a test split
+    shutil.copytree(pair[0].parent, run)
+    shutil.copytree(checkpoint.load(pair[0])["config"]["data"], prepared)
+    for side in ("src", "tgt"):
+        shutil.copy(prepared / f"valid.{side}.txt", prepared / f"test.{side}.txt")
+    one_way = checkpoint.load(run / "best.pt")
+    one_way["config"]["data"] = str(prepared)
+    checkpoint.save(one_way, run / "final.pt")
+    own = report_run(run, None, "cpu")
+    state = combine([run / "final.pt", channel])
+    state["config"]["decode"] |= {"beam": 4, "channel_weight": 1.0}
+    checkpoint.save(state, run / "final.channel.pt")
+    report = report_run(run, run / "final.channel.pt", "cpu")
+    assert json.loads((run / "report.json").read_text(encoding="utf-8")) == own  # the one-way report stays
+    assert json.loads((run / "report.channel.json").read_text(encoding="utf-8")) == report
+    assert (run / "test.channel.hyp.txt").is_file() and report["decode"]["channel_weight"] == 1.0
+    channel_steps = checkpoint.load(channel.parent / "last.pt")["train"]["position"]["step"]
+    assert (report["steps"], report["channel"]["steps"], report["channel"]["run"]) == \
+           (own["steps"], channel_steps, str(channel.parent))
+    assert report["system_train_minutes"] == round(report["train_minutes"] + report["channel"]["train_minutes"], 1)
 
 
 def test_at_weight_0_or_greedy_it_translates_as_the_left_to_right_model(pair):
