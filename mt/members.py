@@ -122,8 +122,8 @@ def decide_members(cfg: Config, probed: dict, out_dir: Path) -> Config:
     on_course = distributed.agree_max(on_course)
     decided = copy.deepcopy(cfg)
     decided.train.member_min_steps = 0
-    if on_course < cfg.train.member_min_steps:
-        decided.train.members = 1
+    if on_course < cfg.train.member_min_steps:  # one left-to-right model: nothing is left to rerank with
+        decided.train.members, decided.train.rerank = 1, False
     if distributed.rank() == 0:
         plan = (f"it goes on as one model of the run's {cfg.train.max_minutes:g} minutes" if decided.train.members == 1
                 else f"training {cfg.train.members} members")

@@ -154,10 +154,11 @@ def test_an_interrupted_member_says_how_to_continue_the_whole_run(data, tmp_path
 
 
 def deciding(data, member_min_steps: int):
-    """Two members of 12 steps in a 10-minute run, cooling down over their last quarter: member 1 decides at step 9
-    that it is on course for 12 steps (a tiny model takes seconds, and 12 is the step budget)."""
+    """Two members of 12 steps in a 10-minute run, cooling down over their last quarter, the second right to left
+    (the en→de recipe's form): member 1 decides at step 9 that it is on course for 12 steps (a tiny model takes
+    seconds, and 12 is the step budget)."""
     return small_config(data, max_steps=12, valid_every=6, keep_checkpoints=2, members=2, cooldown=0.25,
-                        max_minutes=10, seed=3, member_min_steps=member_min_steps)
+                        max_minutes=10, seed=3, member_min_steps=member_min_steps, rerank=True)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,7 @@ def chose_one(data, tmp_path_factory):
 def test_members_on_course_for_too_few_steps_become_one_model_of_the_whole_budget(chose_one, data, tmp_path):
     assert member_dirs(chose_one) == [chose_one / "member-1"]
     decided = load_config(chose_one / "config.yaml").train
-    assert (decided.members, decided.member_min_steps) == (1, 0)  # a resumed run keeps the decision
+    assert (decided.members, decided.member_min_steps, decided.rerank) == (1, 0, False)  # kept when resumed
     last = checkpoint.load(chose_one / "member-1" / "last.pt")
     assert last["step"] == 12 and last["config"]["train"]["max_minutes"] == 10.0
     alone = tmp_path / "alone"  # member 1 went on as the one model of the whole budget would have trained
@@ -195,6 +196,7 @@ def test_members_on_course_for_enough_steps_train_as_members(data, tmp_path):
     lasts = [checkpoint.load(out / f"member-{i}" / "last.pt") for i in (1, 2)]
     assert [last["step"] for last in lasts] == [12, 12]
     assert [last["config"]["train"]["max_minutes"] for last in lasts] == [5.0, 5.0]
+    assert [last["config"]["model"]["right_to_left"] for last in lasts] == [False, True]
 
 
 def test_a_run_stopped_before_it_decided_decides_when_resumed(chose_one, data, tmp_path):
