@@ -259,13 +259,15 @@ def tune(
     len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
     rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_WEIGHTS)),
     channel_weights: Annotated[str, typer.Option(help="With a channel model (the reverse direction) in the checkpoint: its weights to try, comma-separated; 0 leaves it out.")] = ",".join(map(str, mt.tune.CHANNEL_WEIGHTS)),
+    finish_all: Annotated[str, typer.Option(help="Without a reranker or channel: whether beam search stops at its best finished hypothesis (no) or once the beam's width of them have finished (yes, decode.finish_all); each tried, comma-separated.")] = "no,yes",
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, e.g. --to en: --out then translates into it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
     results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
-                                      to=to, weights=rerank_weights, channel_weights=channel_weights)
+                                      to=to, weights=rerank_weights, channel_weights=channel_weights,
+                                      finish=finish_all)
     typer.echo(mt.tune.summary(results, out))
 
 

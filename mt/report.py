@@ -94,7 +94,9 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
                   | ({"rerank_weight": loaded.config.decode.rerank_weight}
                      if "reranker" in loaded.state and loaded.config.decode.beam > 1 else {})  # greedy: unused
                   | ({"channel_weight": loaded.config.decode.channel_weight}
-                     if "channel" in loaded.state and loaded.config.decode.beam > 1 else {}),
+                     if "channel" in loaded.state and loaded.config.decode.beam > 1 else {})
+                  | ({"finish_all": loaded.config.decode.finish_all} if loaded.config.decode.beam > 1
+                     and "reranker" not in loaded.state and "channel" not in loaded.state else {}),
         "valid_bleu": tuned[0].get("bleu"),
         "seed": loaded.config.train.seed,
     }

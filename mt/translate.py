@@ -58,12 +58,13 @@ class Options:
     precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
     rerank_weight: float = 1.0  # a checkpoint with a right-to-left reranker's w (mt/rerank.py)
     channel_weight: float = 0.25  # a checkpoint with a channel model's c (mt/rerank.py)
+    finish_all: bool = False  # beam search: until `beam` hypotheses have finished, not the best one alone
 
     @classmethod
     def from_config(cls, decode_cfg: DecodeConfig, **changes) -> Options:
         opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
                    decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight,
-                   channel_weight=decode_cfg.channel_weight)
+                   channel_weight=decode_cfg.channel_weight, finish_all=decode_cfg.finish_all)
         for key, value in changes.items():
             if value is not None:
                 setattr(opts, key, value)
@@ -303,8 +304,9 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
             if opts.beam == 1 and opts.nbest == 1:
                 hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
             else:
-                hyps = beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b,
-                                   opts.nbest)
+                found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
+                hyps = [h[:opts.nbest] for h in beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a,
+                                                            opts.max_len_b, found)]
         for i, h in zip(idx, hyps, strict=True):
             results[i] = h
     if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them

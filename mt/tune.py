@@ -4,7 +4,8 @@ The length penalty that suits a model depends on how it was trained (an undertra
 likes a high penalty), so it is chosen per model on the validation set, never on the test set. The winner is
 written into the checkpoint's `decode` config: `mt translate` and `mt evaluate` then use it without flags. A
 checkpoint with a right-to-left reranker or a channel model (mt/rerank.py) has their weights chosen too, for every
-beam above 1.
+beam above 1; a plain one, whether its beam search stops at its best finished hypothesis or finishes `beam` of them
+(`decode.finish_all`; a reranked one always finishes them, its K best).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ RERANK_BEAMS = (1, 5, 8)  # a reranker gains from a wider beam: more candidates 
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
 CHANNEL_WEIGHTS = (0.0, 0.1, 0.25)  # a channel model's: above 0.25 it lost on Multi30k's valid; 0 turns it off
+FINISH_ALL = (False, True)  # a plain beam search's stop: at its best finished hypothesis, or once `beam` are finished
 WEIGHT_KEYS = ("rerank_weight", "channel_weight")  # a setting's reranking weights, where it has them
+CHOSEN_KEYS = (*WEIGHT_KEYS, "finish_all")  # what a setting chooses beside beam and length penalty, where it has it
 
 
 def parse_grid(beams: str, penalties: str, weights: str = "1") -> tuple[tuple[int, ...], tuple[float, ...],
@@ -60,25 +63,37 @@ def parse_weights(weights: str, flag: str) -> tuple[float, ...]:
     return weight_list
 
 
+def parse_finish(finish: str) -> tuple[bool, ...]:
+    """`--finish-all no,yes` as (False, True)."""
+    answers = {"no": False, "yes": True}
+    words = [word.strip().lower() for word in finish.split(",")]
+    if not all(word in answers for word in words):
+        raise MtError(f"--finish-all {finish!r}: expected no, yes, or no,yes")
+    return tuple(dict.fromkeys(answers[word] for word in words))
+
+
 def grid(beams: tuple[int, ...], penalties: tuple[float, ...], weights: tuple[float | None, ...] = (None,),
-         channel_weights: tuple[float | None, ...] = (None,)) -> list[tuple[int, float, float | None, float | None]]:
-    """(beam, len_penalty, rerank weight, channel weight) settings to try; greedy search ignores the penalty and
-    has nothing to rerank, so it is tried once; a weight of None: no such model."""
+         channel_weights: tuple[float | None, ...] = (None,), finish: tuple[bool | None, ...] = (None,)
+         ) -> list[tuple[int, float, float | None, float | None, bool | None]]:
+    """(beam, len_penalty, rerank weight, channel weight, finish_all) settings to try; greedy search ignores the
+    penalty, has nothing to rerank and finishes one hypothesis, so it is tried once; None: no such choice."""
     settings = []
     for beam in beams:
         for alpha in penalties[:1] if beam == 1 else penalties:
             for weight in weights[:1] if beam == 1 else weights:
                 for channel in channel_weights[:1] if beam == 1 else channel_weights:
-                    settings.append((beam, alpha, weight, channel))
+                    for finish_all in finish[:1] if beam == 1 else finish:
+                        settings.append((beam, alpha, weight, channel, finish_all))
     return settings
 
 
 def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.device,
          beams: tuple[int, ...] = DEFAULT_BEAMS, penalties: tuple[float, ...] = DEFAULT_PENALTIES,
          progress: bool = True, weights: tuple[float, ...] = DEFAULT_WEIGHTS,
-         channel_weights: tuple[float, ...] = CHANNEL_WEIGHTS) -> list[dict]:
-    """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster). `weights`
-    are tried only with a right-to-left reranker, `channel_weights` only with a channel model."""
+         channel_weights: tuple[float, ...] = CHANNEL_WEIGHTS, finish: tuple[bool, ...] = FINISH_ALL) -> list[dict]:
+    """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster), then to
+    the search that stops first. `weights` are tried only with a right-to-left reranker, `channel_weights` only with
+    a channel model, `finish` only without either."""
     from dataclasses import replace
 
     from mt.rerank import Reranked, opinions, rerank
@@ -90,10 +105,12 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
     results = []
     candidates: dict = {}  # (beam, alpha): the K best and the other models' scores, searched once for all weights
     srcs = encode_lines(loaded, sources) if isinstance(model, Reranked) else []
-    settings = grid(beams, penalties, weights if right else (None,), channel_weights if channel else (None,))
-    for beam, alpha, weight, channel_weight in tqdm(settings, desc="tune", unit="setting", disable=not progress):
+    settings = grid(beams, penalties, weights if right else (None,), channel_weights if channel else (None,),
+                    (None,) if isinstance(model, Reranked) else finish)
+    for beam, alpha, weight, channel_weight, finish_all in tqdm(settings, desc="tune", unit="setting",
+                                                                disable=not progress):
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
-                                   channel_weight=channel_weight)
+                                   channel_weight=channel_weight, finish_all=finish_all)
         if isinstance(model, Reranked) and beam > 1:
             if (beam, alpha) not in candidates:
                 found = search_lines(model.left, srcs, replace(opts, nbest=beam), device)
@@ -104,9 +121,10 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])
         bleu = sacrebleu.corpus_bleu(texts, [refs]).score
         chosen = ({"rerank_weight": weight} if right and beam > 1 else {}) \
-            | ({"channel_weight": channel_weight} if channel and beam > 1 else {})
+            | ({"channel_weight": channel_weight} if channel and beam > 1 else {}) \
+            | ({"finish_all": finish_all} if finish_all is not None and beam > 1 else {})
         results.append({"beam": beam, "len_penalty": alpha, **chosen, "bleu": round(bleu, 2)})
-    return sorted(results, key=lambda r: (-r["bleu"], r["beam"]))
+    return sorted(results, key=lambda r: (-r["bleu"], r["beam"], r.get("finish_all", False)))
 
 
 def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path) -> None:
@@ -114,7 +132,7 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
     from mt import checkpoint
 
     state = dict(loaded.state)
-    chosen = {key: best[key] for key in ("beam", "len_penalty", *WEIGHT_KEYS) if key in best}
+    chosen = {key: best[key] for key in ("beam", "len_penalty", *CHOSEN_KEYS) if key in best}
     state["config"] = {**state["config"], "decode": {**state["config"]["decode"], **chosen}}
     state["metrics"] = {**(state.get("metrics") or {}), "tuned": results}
     checkpoint.save(state, out)
@@ -123,10 +141,11 @@ def save_tuned(loaded: Loaded, best: dict, results: list[dict], out: str | Path)
 def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, beams: str | None, penalties: str,
                     device: str = DEVICE, progress: bool = True, to: str | None = None,
                     weights: str = ",".join(map(str, DEFAULT_WEIGHTS)),
-                    channel_weights: str = ",".join(map(str, CHANNEL_WEIGHTS))) -> list[dict]:
+                    channel_weights: str = ",".join(map(str, CHANNEL_WEIGHTS)), finish: str = "no,yes") -> list[dict]:
     """Tune the checkpoint at `path` on (src, ref), by default the valid split of the data it was trained on,
     over the comma-separated `beams` (None: DEFAULT_BEAMS, or RERANK_BEAMS with a reranker or channel) and
-    `penalties` (and a reranker's `weights`, a channel model's `channel_weights`), and write it to `out` with the
+    `penalties` (and a reranker's `weights`, a channel model's `channel_weights`, a plain model's `finish`: "no",
+    "yes" or both, whether beam search finishes `beam` hypotheses), and write it to `out` with the
     best setting as its decode defaults. `to` turns a two-way model to its other direction, which `out` then
     translates. Returns every setting's BLEU, best first."""
     from mt.checkpoint import load_model
@@ -137,6 +156,7 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
         raise MtError("give both --src and --ref, or neither to use the prepared valid split")
     beam_list, penalty_list, weight_list = parse_grid(beams or "1", penalties, weights)
     channel_list = parse_weights(channel_weights, "--channel-weights")
+    finish_list = parse_finish(finish)
     check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):
@@ -144,7 +164,8 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
         if beams is None:
             beam_list = RERANK_BEAMS if isinstance(loaded.model, Reranked) else DEFAULT_BEAMS  # reranker or channel
         sources, refs = held_out(loaded, src, ref)
-        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list, channel_list)
+        results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list, channel_list,
+                       finish_list)
         save_tuned(loaded, results[0], results, out)
     return results
 
@@ -152,13 +173,14 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
 def summary(results: list[dict], out: Path) -> str:
     """What `mt tune` prints: each setting's BLEU, best first, then the choice written to `out`."""
     def weight(r: dict) -> str:
-        return "".join(f"  {key} {r[key]:.2f}" for key in WEIGHT_KEYS if key in r)
+        return "".join(f"  {key} {r[key]:.2f}" for key in WEIGHT_KEYS if key in r) \
+            + ("  finish_all" if r.get("finish_all") else "")
 
     lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}{weight(r)}  BLEU {r['bleu']:6.2f}"
              for r in results]
     best = results[0]
     lines.append(f"{out}: decodes with beam {best['beam']}, len_penalty {best['len_penalty']}"
-                 + "".join(f", {key} {best[key]}" for key in WEIGHT_KEYS if key in best))
+                 + "".join(f", {key} {best[key]}" for key in CHOSEN_KEYS if key in best))
     return "\n".join(lines)
 
 

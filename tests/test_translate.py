@@ -1,5 +1,6 @@
 import io
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import mt.translate
 from mt import checkpoint
 from mt.cli import app
 from mt.errors import MtError
+from mt.tokenizer import EOS, PAD
 from mt.translate import (
     PROMPT,
     Attention,
@@ -27,6 +29,7 @@ from mt.translate import (
 
 from .conftest import tiny_model
 from .test_checkpoint import state_for
+from .test_search import sources
 
 CPU = torch.device("cpu")
 
@@ -196,3 +199,15 @@ def test_a_terminal_on_stdin_is_translated_interactively(model_path, monkeypatch
     stdin_of(monkeypatch, b"the cat\na dog\n", terminal=True)
     run(TranslateRequest(model_path, beam=1, alignments=model_path.parent / "al.txt"))  # attention: a plain stream
     assert capsys.readouterr().err == ""
+
+
+def test_finishing_the_whole_beam_finds_a_translation_scored_at_least_as_high_and_returns_one():
+    model = tiny_model(seed=0)
+    srcs = [[t for t in row if t not in (PAD, EOS)] for row in sources(n=8, seed=0).tolist()]
+    opts = Options(beam=4, len_penalty=1.5, max_len_a=1.5, max_len_b=10, batch_tokens=4096)
+    plain = translate_ids(model, srcs, opts, CPU)
+    full = translate_ids(model, srcs, replace(opts, finish_all=True), CPU)
+    assert [len(hyps) for hyps in full] == [1] * len(srcs)
+    assert all(f[0].score >= p[0].score - 1e-5 for p, f in zip(plain, full, strict=True))
+    assert any(f[0].tokens != p[0].tokens for p, f in zip(plain, full, strict=True)), \
+        "no sentence where searching on finds another translation: the test proves nothing"
