@@ -29,6 +29,7 @@ from mt.options import DEVICE
 from mt.runlock import writing_into
 from mt.runlog import read_log
 from mt.translate import Options, translate_stream
+from mt.tune import decode_choices
 
 
 def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str = DEVICE) -> dict[str, Any]:
@@ -72,9 +73,7 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
     cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
     metrics = loaded.state.get("metrics") or {}
     tuned = metrics.get("tuned") or [{}]
-    trained_here, channel = training(run_dir, data_dir), channel_training(loaded.state)
-    if (channel.get("channel") or {}).get("run"):
-        channel["system_train_minutes"] = round(trained_here["train_minutes"] + channel["channel"]["train_minutes"], 1)
+    trained_here, decode = training(run_dir, data_dir), loaded.config.decode
     return {
         "run": str(run_dir),
         "checkpoint": str(final),
@@ -87,16 +86,12 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
         "signatures": {"bleu": cased["bleu"]["signature"], "bleu_lc": lower["bleu"]["signature"],
                        "chrf": cased["chrf"]["signature"], "ter": cased["ter"]["signature"]},
         **trained_here,
-        **channel,
+        **channel_training(loaded.state, trained_here["train_minutes"]),
         "parameters": loaded.parameters,
         "averaged_steps": metrics.get("averaged_steps"),
-        "decode": {"beam": loaded.config.decode.beam, "len_penalty": loaded.config.decode.len_penalty}
-                  | ({"rerank_weight": loaded.config.decode.rerank_weight}
-                     if "reranker" in loaded.state and loaded.config.decode.beam > 1 else {})  # greedy: unused
-                  | ({"channel_weight": loaded.config.decode.channel_weight}
-                     if "channel" in loaded.state and loaded.config.decode.beam > 1 else {})
-                  | ({"finish_all": loaded.config.decode.finish_all} if loaded.config.decode.beam > 1
-                     and "reranker" not in loaded.state and "channel" not in loaded.state else {}),
+        "decode": {"beam": decode.beam, "len_penalty": decode.len_penalty}
+                  | ({key: getattr(decode, key) for key in decode_choices(loaded.state)}
+                     if decode.beam > 1 else {}),  # greedy: unused
         "valid_bleu": tuned[0].get("bleu"),
         "seed": loaded.config.train.seed,
     }
@@ -119,9 +114,9 @@ def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
     return total | ({"members": members} if len(members) > 1 else {}) | ({"trunk": start} if start else {})
 
 
-def channel_training(state: dict[str, Any]) -> dict[str, Any]:
+def channel_training(state: dict[str, Any], minutes: float) -> dict[str, Any]:
     """{"channel": ...}: the channel model's checkpoint and, where it lies in a run directory (a recipe's final.pt),
-    that run's training; the system's training minutes are then both runs'. {} without a channel."""
+    that run's training, and the system's training minutes: both runs' (`minutes`, the model's). {} without one."""
     if "channel" not in state:
         return {}
     path = Path(state["metrics"]["channel"]["path"])  # as `mt ensemble` was given it: relative to where it ran
@@ -129,7 +124,8 @@ def channel_training(state: dict[str, Any]) -> dict[str, Any]:
     if not (run / checkpoint.LAST).is_file() and not member_dirs(run):
         return {"channel": {"checkpoint": str(path), "run": None}}
     channel = training(run, Path(state["channel"]["config"]["data"]))
-    return {"channel": {"checkpoint": str(path), "run": str(run), **channel}}
+    return {"channel": {"checkpoint": str(path), "run": str(run), **channel},
+            "system_train_minutes": round(minutes + channel["train_minutes"], 1)}
 
 
 def trained(directory: Path, data_dir: Path, start: dict | None = None) -> tuple[dict[str, Any], list[float]]:

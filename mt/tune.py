@@ -36,6 +36,13 @@ WEIGHT_KEYS = ("rerank_weight", "channel_weight")  # a setting's reranking weigh
 CHOSEN_KEYS = (*WEIGHT_KEYS, "finish_all")  # what a setting chooses beside beam and length penalty, where it has it
 
 
+def decode_choices(state: dict) -> tuple[str, ...]:
+    """Which of CHOSEN_KEYS a checkpoint's beam search has: its reranking models' weights, or without either, its
+    stop (`finish_all`; a reranked search always finishes its K best)."""
+    weights = tuple(key for key, model in zip(WEIGHT_KEYS, ("reranker", "channel"), strict=True) if model in state)
+    return weights or ("finish_all",)
+
+
 def parse_grid(beams: str, penalties: str, weights: str = "1") -> tuple[tuple[int, ...], tuple[float, ...],
                                                                      tuple[float, ...]]:
     """`--beams 1,5 --len-penalties 0.6,1.0 --rerank-weights 0.5,1` as numbers; at least one of each, beams >= 1."""
@@ -99,14 +106,13 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
     from mt.rerank import Reranked, opinions, rerank
     from mt.translate import Options, encode_lines, search_lines, translate_lines
 
-    model = loaded.model
-    right = isinstance(model, Reranked) and model.right is not None
-    channel = isinstance(model, Reranked) and model.channel is not None
+    model, choices = loaded.model, decode_choices(loaded.state)
     results = []
     candidates: dict = {}  # (beam, alpha): the K best and the other models' scores, searched once for all weights
     srcs = encode_lines(loaded, sources) if isinstance(model, Reranked) else []
-    settings = grid(beams, penalties, weights if right else (None,), channel_weights if channel else (None,),
-                    (None,) if isinstance(model, Reranked) else finish)
+    settings = grid(beams, penalties, *(axis if key in choices else (None,)
+                                        for key, axis in zip(CHOSEN_KEYS, (weights, channel_weights, finish),
+                                                             strict=True)))
     for beam, alpha, weight, channel_weight, finish_all in tqdm(settings, desc="tune", unit="setting",
                                                                 disable=not progress):
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
@@ -120,9 +126,8 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
             hyps = translate_lines(loaded, sources, opts, device)
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])
         bleu = sacrebleu.corpus_bleu(texts, [refs]).score
-        chosen = ({"rerank_weight": weight} if right and beam > 1 else {}) \
-            | ({"channel_weight": channel_weight} if channel and beam > 1 else {}) \
-            | ({"finish_all": finish_all} if finish_all is not None and beam > 1 else {})
+        chosen = {key: value for key, value in zip(CHOSEN_KEYS, (weight, channel_weight, finish_all), strict=True)
+                  if key in choices and beam > 1}
         results.append({"beam": beam, "len_penalty": alpha, **chosen, "bleu": round(bleu, 2)})
     return sorted(results, key=lambda r: (-r["bleu"], r["beam"], r.get("finish_all", False)))
 
