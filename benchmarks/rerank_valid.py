@@ -10,7 +10,9 @@ corpus BLEU (cased sacreBLEU) for each w and a; w = 0 is the left-to-right model
 --out, writes the best setting's translations, for `sacrebleu --paired-bs` against another system's.
 With --channel, a model of the reverse direction (trained on the same corpus, any vocabulary; a two-way model turns
 to the source language) scores log P_ch(source | hypothesis), Yee et al. 2019's noisy channel without the language
-model, and the score becomes (log P_l2r + w · log P_r2l + c · log P_ch) / (1 + w + c) / lp (R2L_CHECKPOINT optional).
+model, and the score becomes ((log P_l2r + w · log P_r2l) / lp + c · log P_ch / lp(source length)) / (1 + w + c)
+(R2L_CHECKPOINT optional), as mt reranks; `--channel-length target` divides c · log P_ch by the hypothesis's lp
+instead, as mt did before.
 The best of many settings flatters itself, so a two-fold figure is printed beside it: the setting chosen on the
 odd lines translates the even ones and the other way round, scored as one corpus.
 
@@ -48,6 +50,8 @@ def main() -> None:
     parser.add_argument("--channel-weights", default="0,0.5,1")
     parser.add_argument("--penalties", default="0.6,1.0,1.5")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--channel-length", choices=("source", "target"), default="source",
+                        help="divide c · log P_ch by lp of the hypothesis's length (target) or the source's")
     args = parser.parse_args()
     loaded = load_model(args.checkpoint)
     r2l = load_model(args.r2l) if args.r2l else None
@@ -73,6 +77,7 @@ def main() -> None:
         zeros = [0.0] * len(flat)
         backwards = score_pairs(r2l, src_texts, hyp_texts, cpu) if r2l else zeros
         channels = score_pairs(channel, hyp_texts, src_texts, cpu) if channel else zeros
+        src_lengths = [len(p) + 1 for p in channel.tgt_tok.encode(sources)] if channel else [1] * len(sources)
         extra: list[list[tuple[float, float]]] = [[] for _ in hyps]
         for (i, _), b, ch in zip(flat, backwards, channels, strict=True):
             extra[i].append((b, ch))
@@ -81,9 +86,14 @@ def main() -> None:
             for c in floats(args.channel_weights) if channel else [0.0]:
                 for a in floats(args.penalties):
                     chosen = []
-                    for hs, ts, ex in zip(hyps, texts, extra, strict=True):
-                        combined = [(h.logprob + w * b + c * ch) / (1 + w + c) / length_penalty(len(h.tokens) + 1, a)
-                                    for h, (b, ch) in zip(hs, ex, strict=True)]
+                    for hs, ts, ex, s in zip(hyps, texts, extra, src_lengths, strict=True):
+                        if args.channel_length == "target":
+                            combined = [(h.logprob + w * b + c * ch) / (1 + w + c)
+                                        / length_penalty(len(h.tokens) + 1, a) for h, (b, ch) in zip(hs, ex, strict=True)]
+                        else:
+                            combined = [((h.logprob + w * b) / length_penalty(len(h.tokens) + 1, a)
+                                         + c * ch / length_penalty(s, a)) / (1 + w + c)
+                                        for h, (b, ch) in zip(hs, ex, strict=True)]
                         chosen.append(ts[max(range(len(hs)), key=combined.__getitem__)] if hs else "")
                     name = f"w {w:g} " + (f"c {c:g} " if channel else "") + f"a {a:g}"
                     row[name] = score = bleu(chosen)

@@ -10,16 +10,18 @@ Two models can give them, stored beside the left-to-right one by `mt ensemble`:
 
 Every command that searches (translate, tune, report, serve, bench) then ranks the K best by
 
-    (log P_l2r + w · log P_r2l + c · log P_channel) / (1 + w + c) / lp(length),
+    ((log P_l2r + w · log P_r2l) / lp(length) + c · log P_channel / lp(source length)) / (1 + w + c),
 
 w and c the checkpoint's `decode.rerank_weight` and `decode.channel_weight` (`mt tune` chooses them; a missing
-model's weight counts as 0) and lp the search's length penalty. Greedy search (beam 1) has nothing to rerank; it,
-forced scoring (`mt score`) and attention use the left-to-right model.
+model's weight counts as 0) and lp the search's length penalty. The channel's score is the source's, so the
+source's length divides it (Yee et al.'s 1/s): divided by the translation's, it would pay a translation for every
+word it adds. Greedy search (beam 1) has nothing to rerank; it, forced scoring (`mt score`) and attention use the
+left-to-right model.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -39,9 +41,10 @@ class Channel:
         self.reverse, self.src_tok, self.tgt_tok, self.lead = reverse, src_tok, tgt_tok, lead
 
     def logprobs(self, srcs: list[list[int] | None], found: list[list[Hypothesis]], batch_tokens: int,
-                 device: torch.device) -> list[list[float]]:
+                 device: torch.device) -> Explained:
         """log P(source | hypothesis) of each hypothesis in `found`, both turned to text and read in the channel's
-        vocabulary (the source as the forward model read it: a piece it did not know stays unknown)."""
+        vocabulary (the source as the forward model read it: a piece it did not know stays unknown), and the
+        length of each source so read."""
         owners = [i for i, hyps in enumerate(found) for _ in hyps]
         texts = self.tgt_tok.decode([h.tokens for hyps in found for h in hyps])
         limit = self.reverse.model.cfg.max_len - 1  # another vocabulary may cut a sentence into more pieces
@@ -49,8 +52,16 @@ class Channel:
         once = sorted(set(owners))  # each source read once, however many hypotheses it has
         encoded = self.reverse.tgt_tok.encode(self.src_tok.decode([srcs[i][len(self.lead):] for i in once]))
         read = {i: t[:limit] for i, t in zip(once, encoded, strict=True)}
-        return per_source(found, score_ids(self.reverse.model, ch_srcs, [read[i] for i in owners], device,
-                                           batch_tokens))
+        scores = per_source(found, score_ids(self.reverse.model, ch_srcs, [read[i] for i in owners], device,
+                                             batch_tokens))
+        return Explained(scores, [len(read[i]) + 1 if i in read else 1 for i in range(len(found))])  # EOS scored
+
+
+class Explained(NamedTuple):
+    """A channel model's opinion: log P(source | hypothesis) grouped per source, and each source's length in the
+    channel's pieces, EOS included."""
+    scores: list[list[float]]
+    source_lengths: list[int]
 
 
 class Reranked(nn.Module):
@@ -76,7 +87,7 @@ class Reranked(nn.Module):
         return self.left(src, tgt)
 
 
-Opinions = tuple[list[list[float]] | None, list[list[float]] | None]  # (log P_r2l, log P_channel), None: no model
+Opinions = tuple[list[list[float]] | None, Explained | None]  # (log P_r2l, the channel's), None: no such model
 
 
 def opinions(model: Reranked, srcs: list[list[int] | None], found: list[list[Hypothesis]], batch_tokens: int,
@@ -101,11 +112,14 @@ def rerank(found: list[list[Hypothesis]], views: Opinions, weight: float, channe
            len_penalty: float, nbest: int) -> list[list[Hypothesis]]:
     """The `nbest` of each source's hypotheses `found`, best first by the score above, which each returned
     hypothesis carries; `logprob` stays the left-to-right model's."""
-    weighted = [(w, scores) for w, scores in zip((weight, channel_weight), views, strict=True) if scores is not None]
-    total = 1 + sum(w for w, _ in weighted)
-    ranked = []
-    for i, hyps in enumerate(found):
-        ranked.append(sorted((Hypothesis(h.tokens, (h.logprob + sum(w * scores[i][j] for w, scores in weighted))
-                                         / total / length_penalty(len(h.tokens) + 1, len_penalty), h.logprob)
-                              for j, h in enumerate(hyps)), key=lambda h: -h.score)[:nbest])
-    return ranked
+    backward, channel = views
+    weight, channel_weight = (weight if backward is not None else 0.0), (channel_weight if channel is not None else 0.0)
+
+    def score(i: int, j: int, h: Hypothesis) -> float:
+        own = h.logprob + (weight * backward[i][j] if backward is not None else 0.0)
+        explains = 0.0 if channel is None else \
+            channel_weight * channel.scores[i][j] / length_penalty(channel.source_lengths[i], len_penalty)
+        return (own / length_penalty(len(h.tokens) + 1, len_penalty) + explains) / (1 + weight + channel_weight)
+
+    return [sorted((Hypothesis(h.tokens, score(i, j, h), h.logprob) for j, h in enumerate(hyps)),
+                   key=lambda h: -h.score)[:nbest] for i, hyps in enumerate(found)]

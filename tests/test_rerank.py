@@ -18,8 +18,9 @@ from mt.errors import MtError
 from mt.members import member_config
 from mt.prepare import prepare
 from mt.report import report_run
+from mt.rerank import Explained, rerank
 from mt.score import score_ids, score_pairs
-from mt.search import length_penalty
+from mt.search import Hypothesis, length_penalty
 from mt.train import train
 from mt.translate import Options, translate_lines
 
@@ -55,12 +56,19 @@ def test_the_pair_translates_the_best_of_the_left_to_right_k_best_by_both_models
     assert_ordered_at_weight_1(ours, found, score_ids(right.model, srcs, [h.tokens for hyps in found for h in hyps]))
 
 
-def assert_ordered_at_weight_1(ours, found, other: list[float]) -> None:
+def assert_ordered_at_weight_1(ours, found, other: list[float], source_lengths: list[int] | None = None) -> None:
     """`ours` is `found` (the left-to-right K best) ordered by (log P_l2r + other) / 2 / lp(length, 1.0), `other` the
-    second model's score of each hypothesis in turn, with at least one choice changed."""
+    second model's score of each hypothesis in turn, with at least one choice changed; with `source_lengths` (a
+    channel's scores, one length per source), by (log P_l2r / lp(length) + other / lp(source length)) / 2."""
     scores = iter(other)
-    expected = [sorted(((h.logprob + next(scores)) / 2 / length_penalty(len(h.tokens) + 1, 1.0), h.tokens)
-                       for h in hyps)[::-1] for hyps in found]
+
+    def combined(i, h):
+        if source_lengths is None:
+            return (h.logprob + next(scores)) / 2 / length_penalty(len(h.tokens) + 1, 1.0)
+        return (h.logprob / length_penalty(len(h.tokens) + 1, 1.0)
+                + next(scores) / length_penalty(source_lengths[i], 1.0)) / 2
+
+    expected = [sorted((combined(i, h), h.tokens) for h in hyps)[::-1] for i, hyps in enumerate(found)]
     assert [[h.tokens for h in hyps] for hyps in ours] == [[tokens for _, tokens in hyps] for hyps in expected]
     assert [h.score for hyps in ours for h in hyps] == pytest.approx([s for hyps in expected for s, _ in hyps],
                                                                      abs=1e-4)
@@ -91,7 +99,18 @@ def test_a_channel_model_reorders_the_k_best_by_how_well_each_explains_its_sourc
     read = left.src_tok.decode(left.src_tok.encode(SOURCES))  # the source as the model read it (40 pieces)
     flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
     explains = score_pairs(reverse, left.tgt_tok.decode([h.tokens for _, h in flat]), [read[i] for i, _ in flat])
-    assert_ordered_at_weight_1(ours, found, explains)
+    assert_ordered_at_weight_1(ours, found, explains, [len(t) + 1 for t in reverse.tgt_tok.encode(read)])
+
+
+def test_a_channel_does_not_prefer_a_translation_for_being_longer():
+    """The channel scores the source, whatever the translation's length: a translation that repeats itself and
+    explains the source no better must not win by the length that divides the left-to-right score."""
+    short = Hypothesis([5, 6, 7, 8], -2.4, -4.0)  # score: log P / lp(length)
+    repeated = Hypothesis([5, 6, 7, 8, 6, 7, 8, 6, 7], -2.6, -6.5)  # behind on its own model's score
+    explained = Explained([[-20.0, -20.0]], [12])
+    for weight in (0.1, 1.0):
+        best = rerank([[short, repeated]], (None, explained), 0.0, weight, 1.0, 1)[0][0]
+        assert best.tokens == short.tokens
 
 
 def test_tune_chooses_the_channel_weight_that_translate_then_uses(pair, channel, tmp_path):
