@@ -13,7 +13,7 @@ from mt.options import DEVICE
 
 
 def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
-    """Corpus-level scores: {"bleu": {"score", "signature", "verbose"}, "chrf": {...}, "ter": {...}}."""
+    """Corpus-level scores: {"bleu": {"score", "signature", "verbose", "length_ratio"}, "chrf": {...}, "ter": {...}}."""
     check_aligned("the hypothesis list", len(hyps), "the reference list", len(refs))
     report = {}
     for name, metric in (("bleu", BLEU(lowercase=lowercase)), ("chrf", CHRF(lowercase=lowercase)),
@@ -21,6 +21,8 @@ def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
         result = metric.corpus_score(hyps, [refs])
         report[name] = {"score": round(result.score, 2), "signature": str(metric.get_signature()),
                         "verbose": str(result)}
+        if name == "bleu":  # output length over the reference's: what a length penalty moves
+            report[name]["length_ratio"] = round(result.sys_len / max(result.ref_len, 1), 3)
     report["sentences"] = len(hyps)
     return report
 

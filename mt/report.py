@@ -83,6 +83,7 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
         "bleu_lc": lower["bleu"]["score"],
         "chrf": cased["chrf"]["score"],
         "ter": cased["ter"]["score"],
+        "length_ratio": cased["bleu"]["length_ratio"],
         "signatures": {"bleu": cased["bleu"]["signature"], "bleu_lc": lower["bleu"]["signature"],
                        "chrf": cased["chrf"]["signature"], "ter": cased["ter"]["signature"]},
         **trained_here,

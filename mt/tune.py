@@ -125,10 +125,11 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
         else:
             hyps = translate_lines(loaded, sources, opts, device)
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])
-        bleu = sacrebleu.corpus_bleu(texts, [refs]).score
+        bleu = sacrebleu.corpus_bleu(texts, [refs])
         chosen = {key: value for key, value in zip(CHOSEN_KEYS, (weight, channel_weight, finish_all), strict=True)
                   if key in choices and beam > 1}
-        results.append({"beam": beam, "len_penalty": alpha, **chosen, "bleu": round(bleu, 2)})
+        results.append({"beam": beam, "len_penalty": alpha, **chosen, "bleu": round(bleu.score, 2),
+                        "length_ratio": round(bleu.sys_len / max(bleu.ref_len, 1), 3)})
     return sorted(results, key=lambda r: (-r["bleu"], r["beam"], r.get("finish_all", False)))
 
 
@@ -182,7 +183,7 @@ def summary(results: list[dict], out: Path) -> str:
             + ("  finish_all" if r.get("finish_all") else "")
 
     lines = [f"beam {r['beam']:2d}  len_penalty {r['len_penalty']:.2f}{weight(r)}  BLEU {r['bleu']:6.2f}"
-             for r in results]
+             + f"  length {r['length_ratio']:.3f}" for r in results]
     best = results[0]
     lines.append(f"{out}: decodes with beam {best['beam']}, len_penalty {best['len_penalty']}"
                  + "".join(f", {key} {best[key]}" for key in CHOSEN_KEYS if key in best))

@@ -76,7 +76,7 @@ def test_prepare_train_translate_evaluate(mirror, tmp_path):
     assert report == json.loads((run / "report.json").read_text())
     assert report["steps"] == 60 and report["test"]["sentences"] == 50 and report["averaged_steps"] == [40, 60]
     assert report["bleu_lc"] >= report["bleu"] and "case:lc" in report["signatures"]["bleu_lc"]
-    best = tuned[0].split()  # "beam B  len_penalty A  [finish_all]  BLEU X", best first
+    best = tuned[0].split()  # "beam B  len_penalty A  [finish_all]  BLEU X  length R", best first
     assert report["decode"] == {"beam": int(best[1]), "len_penalty": float(best[3])} \
         | ({"finish_all": "finish_all" in best} if int(best[1]) > 1 else {})
     assert len((run / "test.hyp.txt").read_text(encoding="utf-8").splitlines()) == 50

@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+import sacrebleu
 
 from mt import checkpoint
 from mt.errors import MtError
@@ -39,6 +40,8 @@ def test_the_report_scores_the_test_split_and_is_written_beside_the_run(run):
     assert (report["bleu"], report["bleu_lc"], report["chrf"]) == (cased["bleu"]["score"],
                                                                   lower["bleu"]["score"], cased["chrf"]["score"])
     assert report["signatures"]["bleu_lc"] == lower["bleu"]["signature"]
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])  # its tokens: output length over the reference's
+    assert report["length_ratio"] == round(bleu.sys_len / bleu.ref_len, 3)
     last = checkpoint.load(run / "last.pt")["train"]["position"]
     assert report["steps"] == last["step"] == 12
     assert last["epoch"] <= report["epochs"] <= last["epoch"] + 1  # whole epochs and a share of the current one

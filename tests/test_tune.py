@@ -59,7 +59,9 @@ def test_tuning_saves_the_best_setting_as_the_checkpoint_default(best, prepared,
     assert tuned.config.decode.finish_all == results[0].get("finish_all", False)
     hyps = translate_lines(tuned, sources, Options.from_config(tuned.config.decode), torch.device("cpu"))
     texts = tuned.tgt_tok.decode([h[0].tokens for h in hyps])
-    assert round(sacrebleu.corpus_bleu(texts, [refs]).score, 2) == results[0]["bleu"]
+    bleu = sacrebleu.corpus_bleu(texts, [refs])
+    assert (round(bleu.score, 2), round(bleu.sys_len / bleu.ref_len, 3)) == (results[0]["bleu"],
+                                                                             results[0]["length_ratio"])
 
 
 def test_held_out_data_is_the_valid_split_or_two_aligned_files(best, prepared, tmp_path):  # noqa: F811
