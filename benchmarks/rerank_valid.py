@@ -87,13 +87,11 @@ def main() -> None:
                 for a in floats(args.penalties):
                     chosen = []
                     for hs, ts, ex, s in zip(hyps, texts, extra, src_lengths, strict=True):
-                        if args.channel_length == "target":
-                            combined = [(h.logprob + w * b + c * ch) / (1 + w + c)
-                                        / length_penalty(len(h.tokens) + 1, a) for h, (b, ch) in zip(hs, ex, strict=True)]
-                        else:
-                            combined = [((h.logprob + w * b) / length_penalty(len(h.tokens) + 1, a)
-                                         + c * ch / length_penalty(s, a)) / (1 + w + c)
-                                        for h, (b, ch) in zip(hs, ex, strict=True)]
+                        combined = []
+                        for h, (b, ch) in zip(hs, ex, strict=True):
+                            lp = length_penalty(len(h.tokens) + 1, a)
+                            lp_ch = lp if args.channel_length == "target" else length_penalty(s, a)
+                            combined.append(((h.logprob + w * b) / lp + c * ch / lp_ch) / (1 + w + c))
                         chosen.append(ts[max(range(len(hs)), key=combined.__getitem__)] if hs else "")
                     name = f"w {w:g} " + (f"c {c:g} " if channel else "") + f"a {a:g}"
                     row[name] = score = bleu(chosen)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from mt.errors import MtError
 from mt.lines import check_aligned, read_text
 from mt.options import DEVICE
+
+if TYPE_CHECKING:
+    from sacrebleu.metrics.bleu import BLEUScore
 
 
 def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
@@ -21,10 +25,15 @@ def score(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
         result = metric.corpus_score(hyps, [refs])
         report[name] = {"score": round(result.score, 2), "signature": str(metric.get_signature()),
                         "verbose": str(result)}
-        if name == "bleu":  # output length over the reference's: what a length penalty moves
-            report[name]["length_ratio"] = round(result.sys_len / max(result.ref_len, 1), 3)
+        if name == "bleu":
+            report[name]["length_ratio"] = length_ratio(result)
     report["sentences"] = len(hyps)
     return report
+
+
+def length_ratio(bleu: BLEUScore) -> float:
+    """The output's length over the references' (sacreBLEU's tokens): what a length penalty moves."""
+    return round(bleu.sys_len / max(bleu.ref_len, 1), 3)
 
 
 def evaluate(ref: Path, hyp: Path | None = None, checkpoint: Path | None = None, src: Path | None = None,

@@ -17,6 +17,7 @@ import sacrebleu
 from tqdm import tqdm
 
 from mt.errors import MtError
+from mt.evaluate import length_ratio
 from mt.lines import check_aligned, check_output, read_text
 from mt.options import DEVICE
 from mt.runlock import writing_into
@@ -129,7 +130,7 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
         chosen = {key: value for key, value in zip(CHOSEN_KEYS, (weight, channel_weight, finish_all), strict=True)
                   if key in choices and beam > 1}
         results.append({"beam": beam, "len_penalty": alpha, **chosen, "bleu": round(bleu.score, 2),
-                        "length_ratio": round(bleu.sys_len / max(bleu.ref_len, 1), 3)})
+                        "length_ratio": length_ratio(bleu)})
     return sorted(results, key=lambda r: (-r["bleu"], r["beam"], r.get("finish_all", False)))
 
 
