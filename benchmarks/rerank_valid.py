@@ -13,11 +13,13 @@ to the source language) scores log P_ch(source | hypothesis), Yee et al. 2019's 
 model, and the score becomes ((log P_l2r + w · log P_r2l) / lp + c · log P_ch / lp(source length)) / (1 + w + c)
 (R2L_CHECKPOINT optional), as mt reranks; `--channel-length target` divides c · log P_ch by the hypothesis's lp
 instead, as mt did before.
+With --union, the right-to-left model's own K best (searched with it, turned to reading order) join the
+left-to-right model's before reranking, each scored by every model (Liu et al. 2016's joint K-best).
 The best of many settings flatters itself, so a two-fold figure is printed beside it: the setting chosen on the
 odd lines translates the even ones and the other way round, scored as one corpus.
 
     python benchmarks/rerank_valid.py CHECKPOINT [R2L_CHECKPOINT] [--beams 5,8] [--weights 0,0.5,1]
-        [--channel CHECKPOINT --channel-weights 0,0.5,1] [--penalties 0.6,1.0,1.5] [--out FILE]
+        [--channel CHECKPOINT --channel-weights 0,0.5,1] [--penalties 0.6,1.0,1.5] [--union] [--out FILE]
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> None:
     parser.add_argument("--channel-weights", default="0,0.5,1")
     parser.add_argument("--penalties", default="0.6,1.0,1.5")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--union", action="store_true", help="rerank the right-to-left model's K best too")
     parser.add_argument("--channel-length", choices=("source", "target"), default="source",
                         help="divide c · log P_ch by lp of the hypothesis's length (target) or the source's")
     args = parser.parse_args()
@@ -57,6 +60,8 @@ def main() -> None:
     r2l = load_model(args.r2l) if args.r2l else None
     if loaded.model.cfg.right_to_left or (r2l is not None and not r2l.model.cfg.right_to_left):
         parser.error("give a left-to-right CHECKPOINT, then a model trained with model.right_to_left")
+    if args.union and r2l is None:
+        parser.error("--union needs R2L_CHECKPOINT")
     channel = load_model(args.channel, to=loaded.state["langs"]["src"]) if args.channel else None
     sources, refs = held_out(loaded)
     decode, cpu = loaded.config.decode, torch.device("cpu")
@@ -70,15 +75,25 @@ def main() -> None:
     best: tuple[float, str, list[str]] = (-1.0, "", [])
     outputs: dict[str, list[str]] = {}
     for k in map(int, args.beams.split(",")):
-        hyps = translate_lines(loaded, sources, Options.from_config(decode, beam=k, nbest=k), cpu)
+        opts = Options.from_config(decode, beam=k, nbest=k)
+        hyps = translate_lines(loaded, sources, opts, cpu)
         texts = [loaded.tgt_tok.decode([h.tokens for h in hs]) if hs else [""] for hs in hyps]
-        flat = [(i, j) for i, hs in enumerate(hyps) for j in range(len(hs))]
+        own = [[(h.logprob, len(h.tokens)) for h in hs] for hs in hyps]
+        if args.union:  # the right-to-left model's K best join, each new text scored by the left-to-right model
+            for i, hs in enumerate(translate_lines(r2l, sources, opts, cpu)):
+                texts[i] = list(dict.fromkeys(texts[i] + r2l.tgt_tok.decode([h.tokens for h in hs])))
+            flat = [(i, j) for i, ts in enumerate(texts) for j in range(len(ts))]
+            hyp_texts, src_texts = [texts[i][j] for i, j in flat], [sources[i] for i, _ in flat]
+            forward = iter(zip(score_pairs(loaded, src_texts, hyp_texts, cpu),
+                               map(len, loaded.tgt_tok.encode(hyp_texts)), strict=True))
+            own = [[next(forward) for _ in ts] for ts in texts]
+        flat = [(i, j) for i, hs in enumerate(own) for j in range(len(hs))]
         hyp_texts, src_texts = [texts[i][j] for i, j in flat], [sources[i] for i, _ in flat]
         zeros = [0.0] * len(flat)
         backwards = score_pairs(r2l, src_texts, hyp_texts, cpu) if r2l else zeros
         channels = score_pairs(channel, hyp_texts, src_texts, cpu) if channel else zeros
         src_lengths = [len(p) + 1 for p in channel.tgt_tok.encode(sources)] if channel else [1] * len(sources)
-        extra: list[list[tuple[float, float]]] = [[] for _ in hyps]
+        extra: list[list[tuple[float, float]]] = [[] for _ in own]
         for (i, _), b, ch in zip(flat, backwards, channels, strict=True):
             extra[i].append((b, ch))
         row = {}
@@ -86,12 +101,12 @@ def main() -> None:
             for c in floats(args.channel_weights) if channel else [0.0]:
                 for a in floats(args.penalties):
                     chosen = []
-                    for hs, ts, ex, s in zip(hyps, texts, extra, src_lengths, strict=True):
+                    for hs, ts, ex, s in zip(own, texts, extra, src_lengths, strict=True):
                         combined = []
-                        for h, (b, ch) in zip(hs, ex, strict=True):
-                            lp = length_penalty(len(h.tokens) + 1, a)
+                        for (logprob, length), (b, ch) in zip(hs, ex, strict=True):
+                            lp = length_penalty(length + 1, a)
                             lp_ch = lp if args.channel_length == "target" else length_penalty(s, a)
-                            combined.append(((h.logprob + w * b) / lp + c * ch / lp_ch) / (1 + w + c))
+                            combined.append(((logprob + w * b) / lp + c * ch / lp_ch) / (1 + w + c))
                         chosen.append(ts[max(range(len(hs)), key=combined.__getitem__)] if hs else "")
                     name = f"w {w:g} " + (f"c {c:g} " if channel else "") + f"a {a:g}"
                     row[name] = score = bleu(chosen)

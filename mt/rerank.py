@@ -3,12 +3,14 @@
 Two models can give them, stored beside the left-to-right one by `mt ensemble`:
 - a right-to-left model (`model.right_to_left`, the `reranker`): it reads each target from its other end, so its
   mistakes are not the left-to-right model's (Liu et al. 2016's agreement, Sennrich et al. 2016's reranking); the
-  recipes' `train.rerank` trains one as an ensemble run's last member;
+  recipes' `train.rerank` trains one as an ensemble run's last member. It also searches: its own K best join the
+  left-to-right model's (Liu et al.'s joint K best), since a translation one model ranks low in its beam the other
+  may have found;
 - a model of the reverse direction (the `channel`, e.g. de→en beside en→de, any vocabulary): it scores how well a
   translation explains its source, log P(source | translation) (Yee et al. 2019's noisy channel, without their
   language model).
 
-Every command that searches (translate, tune, report, serve, bench) then ranks the K best by
+Every command that searches (translate, tune, report, serve, bench) then ranks the K best (2K with a reranker) by
 
     ((log P_l2r + w · log P_r2l) / lp(length) + c · log P_channel / lp(source length)) / (1 + w + c),
 
@@ -16,7 +18,7 @@ w and c the checkpoint's `decode.rerank_weight` and `decode.channel_weight` (`mt
 model's weight counts as 0) and lp the search's length penalty. The channel's score is the source's, so the
 source's length divides it (Yee et al.'s 1/s): divided by the translation's, it would pay a translation for every
 word it adds. Greedy search (beam 1) has nothing to rerank; it, forced scoring (`mt score`) and attention use the
-left-to-right model.
+left-to-right model, as does a reranker's weight 0 (it then neither searches nor scores).
 """
 
 from __future__ import annotations
@@ -100,6 +102,18 @@ def opinions(model: Reranked, srcs: list[list[int] | None], found: list[list[Hyp
                                                [h.tokens for hyps in found for h in hyps], device, batch_tokens))
     channel = None if model.channel is None else model.channel.logprobs(srcs, found, batch_tokens, device)
     return backward, channel
+
+
+def joined(model: Reranked, srcs: list[list[int]], left: list[list[Hypothesis]], right: list[list[Hypothesis]],
+           batch_tokens: int, device: torch.device) -> list[list[Hypothesis]]:
+    """Each source's left-to-right K best, then those of the right-to-left model's (`right`, in reading order) that
+    are new, with the left-to-right model's log-probability of each, which the reranking starts from."""
+    new = [[h for h in theirs if h.tokens not in [o.tokens for o in ours]] for ours, theirs in zip(left, right,
+                                                                                                  strict=True)]
+    logprobs = per_source(new, score_ids(model.left, [srcs[i] for i, hyps in enumerate(new) for _ in hyps],
+                                         [h.tokens for hyps in new for h in hyps], device, batch_tokens))
+    return [ours + [Hypothesis(h.tokens, p, p) for h, p in zip(hyps, ps, strict=True)]
+            for ours, hyps, ps in zip(left, new, logprobs, strict=True)]
 
 
 def per_source(found: list[list[Hypothesis]], scores: list[float]) -> list[list[float]]:

@@ -32,7 +32,7 @@ from mt.exported import load as load_exported
 from mt.fast import PRECISIONS, compile_decoding
 from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
 from mt.options import TranslateRequest
-from mt.rerank import Reranked, opinions, rerank
+from mt.rerank import Opinions, Reranked, joined, opinions, rerank
 from mt.search import Hypothesis, beam_search, greedy
 from mt.tokenizer import EOS
 
@@ -288,10 +288,8 @@ def search_lines(model, srcs: list[list[int] | None], opts: Options,
 
 def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.device) -> list[list[Hypothesis]]:
     """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source."""
-    if isinstance(model, Reranked) and opts.beam > 1:  # the K best of the left-to-right model, reranked
-        found = translate_ids(model.left, srcs, replace(opts, nbest=opts.beam), device)
-        with autocast(opts.precision, device):
-            views = opinions(model, srcs, found, opts.batch_tokens, device)
+    if isinstance(model, Reranked) and opts.beam > 1:
+        found, views = rerank_candidates(model, srcs, opts, device)
         return rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, opts.nbest)
     if isinstance(model, CTranslate2Model):
         return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
@@ -314,6 +312,20 @@ def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.dev
             for h in hyps:
                 h.tokens.reverse()
     return results
+
+
+def rerank_candidates(model: Reranked, srcs: list[list[int] | None], opts: Options,
+                      device: torch.device) -> tuple[list[list[Hypothesis]], Opinions]:
+    """What `rerank` chooses among for each source (none for a None source): the left-to-right model's K best,
+    joined by the right-to-left model's own where it has a weight (mt/rerank.py), and every model's scores of each."""
+    wide = replace(opts, nbest=opts.beam)
+    found = search_lines(model.left, srcs, wide, device)
+    theirs = search_lines(model.right, srcs, wide, device) if model.right is not None and opts.rerank_weight > 0 \
+        else None
+    with autocast(opts.precision, device):
+        if theirs is not None:
+            found = joined(model, srcs, found, theirs, opts.batch_tokens, device)
+        return found, opinions(model, srcs, found, opts.batch_tokens, device)
 
 
 def compiled(loaded: Loaded, opts: Options, device: torch.device) -> Loaded:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt -
     from mt.checkpoint import Loaded
 
 DEFAULT_BEAMS = (1, 5)
-RERANK_BEAMS = (1, 5, 8)  # a reranker gains from a wider beam: more candidates to choose among (docs/results.md)
+RERANK_BEAMS = (1, 5, 8, 12)  # a reranker gains from a wider beam: more candidates to choose among (docs/results.md)
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
 CHANNEL_WEIGHTS = (0.0, 0.1, 0.25)  # a channel model's: above 0.25 it lost on Multi30k's valid; 0 turns it off
@@ -102,14 +102,12 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
     """BLEU on (sources, refs) for each setting, best first. Ties go to the smaller beam (it is faster), then to
     the search that stops first. `weights` are tried only with a right-to-left reranker, `channel_weights` only with
     a channel model, `finish` only without either."""
-    from dataclasses import replace
-
-    from mt.rerank import Reranked, opinions, rerank
-    from mt.translate import Options, encode_lines, search_lines, translate_lines
+    from mt.rerank import Reranked, rerank
+    from mt.translate import Options, encode_lines, rerank_candidates, translate_lines
 
     model, choices = loaded.model, decode_choices(loaded.state)
     results = []
-    candidates: dict = {}  # (beam, alpha): the K best and the other models' scores, searched once for all weights
+    candidates: dict = {}  # (beam, alpha, reranker searches): the K best and every model's scores, for all weights
     srcs = encode_lines(loaded, sources) if isinstance(model, Reranked) else []
     settings = grid(beams, penalties, *(axis if key in choices else (None,)
                                         for key, axis in zip(CHOSEN_KEYS, (weights, channel_weights, finish),
@@ -119,10 +117,10 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
                                    channel_weight=channel_weight, finish_all=finish_all)
         if isinstance(model, Reranked) and beam > 1:
-            if (beam, alpha) not in candidates:
-                found = search_lines(model.left, srcs, replace(opts, nbest=beam), device)
-                candidates[beam, alpha] = found, opinions(model, srcs, found, opts.batch_tokens, device)
-            hyps = rerank(*candidates[beam, alpha], opts.rerank_weight, opts.channel_weight, alpha, 1)
+            key = beam, alpha, model.right is not None and opts.rerank_weight > 0
+            if key not in candidates:
+                candidates[key] = rerank_candidates(model, srcs, opts, device)
+            hyps = rerank(*candidates[key], opts.rerank_weight, opts.channel_weight, alpha, 1)
         else:
             hyps = translate_lines(loaded, sources, opts, device)
         texts = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in hyps])

@@ -4,6 +4,7 @@ left-to-right model's K best."""
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -46,14 +47,19 @@ def pair(tmp_path_factory):
     return l2r, root / "r2l" / "best.pt"
 
 
-def test_the_pair_translates_the_best_of_the_left_to_right_k_best_by_both_models_scores(pair):
+def test_the_pair_translates_the_best_of_both_models_k_best_by_both_models_scores(pair):
     reranked, left, right = from_state(combine(list(pair))), load_model(pair[0]), load_model(pair[1])
     opts = Options.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, rerank_weight=1.0)
-    ours, found = (translate_lines(m, SOURCES, opts, CPU) for m in (reranked, left))
-    assert [sorted(map(tuple, (h.tokens for h in hyps))) for hyps in ours] == \
-           [sorted(map(tuple, (h.tokens for h in hyps))) for hyps in found]  # the same K best, reordered
-    srcs = left.src_tok.encode([SOURCES[i] for i, hyps in enumerate(found) for _ in hyps])
-    assert_ordered_at_weight_1(ours, found, score_ids(right.model, srcs, [h.tokens for hyps in found for h in hyps]))
+    found, theirs = (translate_lines(m, SOURCES, opts, CPU) for m in (left, right))
+    new = [[h for h in b if h.tokens not in [a.tokens for a in hyps]] for hyps, b in zip(found, theirs, strict=True)]
+    assert any(new), "the right-to-left model should find a translation the left-to-right beam missed"
+    srcs = [left.src_tok.encode([SOURCES[i]])[0] for i, hyps in enumerate(new) for _ in hyps]
+    logprobs = iter(score_ids(left.model, srcs, [h.tokens for hyps in new for h in hyps]))
+    joint = [hyps + [Hypothesis(h.tokens, 0.0, next(logprobs)) for h in extra] for hyps, extra in zip(found, new,
+                                                                                                     strict=True)]
+    ours = translate_lines(reranked, SOURCES, replace(opts, nbest=8), CPU)
+    srcs = left.src_tok.encode([SOURCES[i] for i, hyps in enumerate(joint) for _ in hyps])
+    assert_ordered_at_weight_1(ours, joint, score_ids(right.model, srcs, [h.tokens for hyps in joint for h in hyps]))
 
 
 def assert_ordered_at_weight_1(ours, found, other: list[float], source_lengths: list[int] | None = None) -> None:
@@ -211,8 +217,8 @@ def test_tune_chooses_the_weight_that_translate_then_uses(pair, tmp_path):
     assert sorted(r["rerank_weight"] for r in results) == [0.0, 2.0]
     default = runner.invoke(app, ["tune", "-c", str(joined), "--out", str(tmp_path / "default.pt"),
                                   "--len-penalties", "1.0", "--rerank-weights", "1", "--quiet"])
-    assert default.exit_code == 0, default.output  # a reranker's default grid reaches beam 8
-    assert sorted(r["beam"] for r in checkpoint.load(tmp_path / "default.pt")["metrics"]["tuned"]) == [1, 5, 8]
+    assert default.exit_code == 0, default.output  # a reranker's default grid reaches beam 12
+    assert sorted(r["beam"] for r in checkpoint.load(tmp_path / "default.pt")["metrics"]["tuned"]) == [1, 5, 8, 12]
     decode = checkpoint.load(tuned)["config"]["decode"]
     assert decode["rerank_weight"] == results[0]["rerank_weight"]
     assert f"rerank_weight {results[0]['rerank_weight']}" in result.output.splitlines()[-1]
@@ -221,7 +227,8 @@ def test_tune_chooses_the_weight_that_translate_then_uses(pair, tmp_path):
     result = runner.invoke(app, ["translate", "-c", str(tuned), "--input", str(src), "--beam", "3"])
     assert result.exit_code == 0, result.output
     loaded = load_model(joined)
-    opts = Options.from_config(loaded.config.decode, beam=3, rerank_weight=decode["rerank_weight"])
+    opts = Options.from_config(loaded.config.decode, beam=3, rerank_weight=decode["rerank_weight"],
+                               len_penalty=decode["len_penalty"])
     expected = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in translate_lines(loaded, SOURCES, opts, CPU)])
     assert result.output.splitlines() == expected
 
