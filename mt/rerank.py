@@ -88,6 +88,10 @@ class Reranked(nn.Module):
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         return self.left(src, tgt)
 
+    def right_searches(self, weight: float) -> bool:
+        """Whether the right-to-left model searches for candidates of its own at reranker weight `weight`."""
+        return self.right is not None and weight > 0
+
 
 Opinions = tuple[list[list[float]] | None, Explained | None]  # (log P_r2l, the channel's), None: no such model
 
@@ -108,8 +112,10 @@ def joined(model: Reranked, srcs: list[list[int]], left: list[list[Hypothesis]],
            batch_tokens: int, device: torch.device) -> list[list[Hypothesis]]:
     """Each source's left-to-right K best, then those of the right-to-left model's (`right`, in reading order) that
     are new, with the left-to-right model's log-probability of each, which the reranking starts from."""
-    new = [[h for h in theirs if h.tokens not in [o.tokens for o in ours]] for ours, theirs in zip(left, right,
-                                                                                                  strict=True)]
+    new = []
+    for ours, theirs in zip(left, right, strict=True):
+        seen = {tuple(h.tokens) for h in ours}
+        new.append([h for h in theirs if tuple(h.tokens) not in seen])
     logprobs = per_source(new, score_ids(model.left, [srcs[i] for i, hyps in enumerate(new) for _ in hyps],
                                          [h.tokens for hyps in new for h in hyps], device, batch_tokens))
     return [ours + [Hypothesis(h.tokens, p, p) for h, p in zip(hyps, ps, strict=True)]

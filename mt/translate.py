@@ -320,8 +320,7 @@ def rerank_candidates(model: Reranked, srcs: list[list[int] | None], opts: Optio
     joined by the right-to-left model's own where it has a weight (mt/rerank.py), and every model's scores of each."""
     wide = replace(opts, nbest=opts.beam)
     found = search_lines(model.left, srcs, wide, device)
-    theirs = search_lines(model.right, srcs, wide, device) if model.right is not None and opts.rerank_weight > 0 \
-        else None
+    theirs = search_lines(model.right, srcs, wide, device) if model.right_searches(opts.rerank_weight) else None
     with autocast(opts.precision, device):
         if theirs is not None:
             found = joined(model, srcs, found, theirs, opts.batch_tokens, device)

@@ -117,7 +117,7 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
         opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
                                    channel_weight=channel_weight, finish_all=finish_all)
         if isinstance(model, Reranked) and beam > 1:
-            key = beam, alpha, model.right is not None and opts.rerank_weight > 0
+            key = beam, alpha, model.right_searches(opts.rerank_weight)
             if key not in candidates:
                 candidates[key] = rerank_candidates(model, srcs, opts, device)
             hyps = rerank(*candidates[key], opts.rerank_weight, opts.channel_weight, alpha, 1)
