@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 
 from mt.config import Config, ModelConfig
-from mt.data import Batch, Split, collate, epoch_batches, pad
+from mt.data import Batch, collate, epoch_batches, pad
 from mt.device import autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import PRECISIONS, compile_decoding, for_inference, for_training
+from mt.ids import Split
 from mt.model import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
 from mt.search import beam_search, greedy

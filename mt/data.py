@@ -1,8 +1,7 @@
 """Token ids on disk → length-grouped, token-budget batches with per-batch padding → the batches of each step.
 
-`mt prepare` writes, per split and side, a flat array of piece ids (`{split}.{side}.ids.npy`) and the sentence
-boundaries (`{split}.{side}.offsets.npy`, n + 1 entries). Both are memory-mapped: a corpus of any size costs
-only the batches in flight.
+The splits `mt prepare` wrote are memory-mapped (`mt.ids.Split`): a corpus of any size costs only the batches
+in flight.
 
 Training takes its data a step at a time (`step_batches`): world × train.accumulate consecutive batches of the
 epoch's list, rank r collating the r-th, (r + world)-th, ... of them, so the data position (epoch, batch) is one
@@ -24,40 +23,8 @@ from torch import Tensor
 
 from mt.config import Config
 from mt.errors import MtError
+from mt.ids import Split
 from mt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
-
-
-class Split:
-    """One split of a prepared corpus: sentence i is src_ids[src_off[i]:src_off[i+1]] (and likewise tgt)."""
-
-    def __init__(self, data_dir: str | Path, split: str):
-        data_dir = Path(data_dir)
-        missing = [p for p in (data_dir / f"{split}.src.ids.npy", data_dir / f"{split}.tgt.ids.npy")
-                   if not p.is_file()]
-        if missing:
-            raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {data_dir}")
-        self.src_ids = np.load(data_dir / f"{split}.src.ids.npy", mmap_mode="r")
-        self.tgt_ids = np.load(data_dir / f"{split}.tgt.ids.npy", mmap_mode="r")
-        self.src_off = np.load(data_dir / f"{split}.src.offsets.npy")
-        self.tgt_off = np.load(data_dir / f"{split}.tgt.offsets.npy")
-        self.name = split
-
-    def __len__(self) -> int:
-        return len(self.src_off) - 1
-
-    @property
-    def src_lens(self) -> np.ndarray:
-        return np.diff(self.src_off)
-
-    @property
-    def tgt_lens(self) -> np.ndarray:
-        return np.diff(self.tgt_off)
-
-    def src(self, i: int) -> np.ndarray:
-        return self.src_ids[self.src_off[i]:self.src_off[i + 1]]
-
-    def tgt(self, i: int) -> np.ndarray:
-        return self.tgt_ids[self.tgt_off[i]:self.tgt_off[i + 1]]
 
 
 def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | BothWays]:

@@ -4,14 +4,10 @@
 
     meta.json                      what was read, what was removed and why, vocabulary, per-split sizes
     spm.model                      the joint SentencePiece model (separate vocabularies: spm.src.model, spm.tgt.model)
-    {split}.{side}.ids.npy         1-D, every sentence's piece ids concatenated; uint16 (int32 if vocab >= 65536)
-    {split}.{side}.offsets.npy     1-D int64, n + 1 entries: sentence i is ids[offsets[i]:offsets[i + 1]]
+    {split}.{side}.ids.npy, .offsets.npy   the pieces of each sentence, as `mt.ids` writes and reads them
     valid.{side}.txt, test.{side}.txt   normalised text, one line per input line: the references for BLEU
     train-sample{k}.{side}.ids.npy, .offsets.npy   with `subword_samples`: the training pairs again, k = 1..N,
                                    each segmented by sampling (subword regularization); training takes one per epoch
-
-Ids are pieces only; BOS/EOS are added where sequences are batched. The .npy files open with
-`np.load(path, mmap_mode="r")`, so training never loads a corpus into memory.
 
 Everything is built in a sibling temporary directory and renamed into place at the end: a failure at any step
 leaves an existing `out_dir` as it was.
@@ -29,19 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from mt import __version__
-from mt.corpus import (
-    CleanCounts,
-    Source,
-    clean_pairs,
-    find_source,
-    named_source,
-    read_pairs,
-)
+from mt.clean import CleanCounts, clean_pairs
+from mt.corpus import Source, find_source, named_source, read_pairs
 from mt.errors import MtError
+from mt.ids import IdsWriter
 from mt.lines import ENCODING_ERRORS, check_output_dir, read_lines
 from mt.tokenizer import Tokenizer, tag, train_sentencepiece
 
@@ -106,7 +96,7 @@ def prepare(
 
     `corpus` names a corpus (`multi30k`) that supplies all three splits; `train`, `valid` and `test` are specs
     (see `mt.corpus.find_source`) that replace the named corpus's split, or stand alone without one. Training pairs
-    are cleaned (`mt.corpus.clean_pairs`), then those with more than `max_pieces` pieces on either side are dropped;
+    are cleaned (`mt.clean.clean_pairs`), then those with more than `max_pieces` pieces on either side are dropped;
     valid and test pairs are only normalised, never dropped. `spm_sentences` caps the lines SentencePiece samples.
     `subword_samples` > 0 also writes that many copies of the kept training pairs, each segmented by sampling at
     smoothness `subword_alpha` (repeatably: each draw is seeded), for training to take one per epoch in turn.
@@ -382,8 +372,8 @@ def _encode_split(
     `{split}-sample{k}`. The best segmentation decides what is kept, so
     every copy holds the same pairs in the same order.
     """
-    writers = {side: _IdsWriter(directory / f"{split}.{side}", tokenizers[side].vocab_size) for side in SIDES}
-    sampled = [{side: _IdsWriter(directory / f"{split}-sample{k}.{side}", tokenizers[side].vocab_size)
+    writers = {side: IdsWriter(directory / f"{split}.{side}", tokenizers[side].vocab_size) for side in SIDES}
+    sampled = [{side: IdsWriter(directory / f"{split}-sample{k}.{side}", tokenizers[side].vocab_size)
                 for side in SIDES} for k in range(1, samples + 1)]
     lines = zip(
         read_lines(directory / f"{split}.src.txt"), read_lines(directory / f"{split}.tgt.txt"), strict=True
@@ -408,54 +398,3 @@ def _encode_split(
     closed = [{side: copy[side].close()[1] for side in SIDES} for copy in sampled]
     sampled_tokens = {f"{side}_tokens": sum(c[side] for c in closed) for side in SIDES} if closed else None
     return {"pairs": n_src, "src_tokens": src_tokens, "tgt_tokens": tgt_tokens}, sampled_tokens
-
-
-class _IdsWriter:
-    """Appends sentences to `{stem}.ids.npy` / `{stem}.offsets.npy` a chunk at a time, in bounded memory.
-
-    A .npy header states the array's length, unknown until the end, so ids and sentence lengths are appended to
-    raw `.part` files, and `close()` writes the headers and copies the ids, and the lengths' running sum, behind
-    them a block at a time. Nothing grows with the corpus but the files.
-    """
-
-    def __init__(self, stem: Path, vocab_size: int):
-        self.stem = stem
-        self.dtype = np.dtype("<u2") if vocab_size < 2**16 else np.dtype("<i4")
-        self.ids_part = stem.with_name(f"{stem.name}.ids.part")
-        self.lengths_part = stem.with_name(f"{stem.name}.lengths.part")
-        self.ids_part.write_bytes(b"")
-        self.lengths_part.write_bytes(b"")
-        self.sentences = self.tokens = 0
-
-    def write(self, sentences: list[list[int]]) -> None:
-        lengths = np.fromiter((len(s) for s in sentences), dtype="<i8", count=len(sentences))
-        ids = np.fromiter(itertools.chain.from_iterable(sentences), dtype=self.dtype, count=int(lengths.sum()))
-        with open(self.ids_part, "ab") as f:
-            f.write(ids.tobytes())
-        with open(self.lengths_part, "ab") as f:
-            f.write(lengths.tobytes())
-        self.sentences += len(sentences)
-        self.tokens += len(ids)
-
-    def close(self) -> tuple[int, int]:
-        """Write both .npy files; returns (sentences, tokens)."""
-        with open(self.stem.with_name(f"{self.stem.name}.ids.npy"), "wb") as f, open(self.ids_part, "rb") as part:
-            _write_header(f, self.dtype, self.tokens)
-            shutil.copyfileobj(part, f)
-        with (open(self.stem.with_name(f"{self.stem.name}.offsets.npy"), "wb") as f,
-              open(self.lengths_part, "rb") as part):
-            _write_header(f, np.dtype("<i8"), self.sentences + 1)
-            total = np.zeros(1, dtype="<i8")
-            f.write(total.tobytes())  # offsets[0]
-            while block := part.read(8 * CHUNK_LINES * 10):
-                offsets = np.frombuffer(block, dtype="<i8").cumsum() + total[0]
-                f.write(offsets.tobytes())
-                total[0] = offsets[-1]
-        self.ids_part.unlink()
-        self.lengths_part.unlink()
-        return self.sentences, self.tokens
-
-
-def _write_header(f, dtype: np.dtype, length: int) -> None:
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (length,)}
-    np.lib.format.write_array_header_1_0(f, header)

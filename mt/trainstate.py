@@ -11,8 +11,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from mt.config import Config
-from mt.data import BothWays, Split, Tagged
+from mt.data import BothWays, Tagged
 from mt.finetune import Init
+from mt.ids import Split
 from mt.model import Transformer
 from mt.runlog import RunLog
 from mt.tokenizer import Tokenizer

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from mt.config import Config
-from mt.data import Split, batch_by_tokens, collate
+from mt.data import batch_by_tokens, collate
 from mt.device import autocast
+from mt.ids import Split
 from mt.model import Transformer
 from mt.tokenizer import PAD, Tokenizer
 from mt.translate import Options, translate_ids

@@ -8,7 +8,6 @@ from mt.config import Config
 from mt.data import (
     BothWays,
     Prefetch,
-    Split,
     batch_by_tokens,
     collate,
     epoch_batches,
@@ -21,6 +20,7 @@ from mt.data import (
     word_dropout,
 )
 from mt.errors import MtError
+from mt.ids import Split
 from mt.tokenizer import BOS, EOS, PAD, UNK
 
 from .conftest import prepare_corpus
@@ -93,11 +93,6 @@ def test_collate_cuts_to_the_model_length(tmp_path):
     split = write_split(tmp_path, "train", [list(range(4, 30))], [list(range(4, 30))])
     batch = collate(split, np.array([0]), max_len=10)
     assert batch.src.size(1) == 10 and batch.tgt_in.size(1) == 10
-
-
-def test_missing_split_says_how_to_make_it(tmp_path):
-    with pytest.raises(MtError, match="mt prepare"):
-        Split(tmp_path, "train")
 
 
 @pytest.fixture(scope="module")

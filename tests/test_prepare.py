@@ -312,21 +312,6 @@ def test_a_train_spec_replaces_the_named_corpus_split(tmp_path, handmade):
     assert meta["splits"]["test"]["pairs"] == 1000
 
 
-def test_ids_are_written_in_blocks_that_add_up_to_the_whole(tmp_path, monkeypatch):
-    # Offsets are summed a block at a time on close (bounded memory); blocks of 10 lengths force many of them.
-    monkeypatch.setattr(mt.prepare, "CHUNK_LINES", 1)
-    rng = np.random.default_rng(0)
-    sentences = [rng.integers(4, 300, size=rng.integers(0, 9)).tolist() for _ in range(57)]
-    writer = mt.prepare._IdsWriter(tmp_path / "train.src", vocab_size=300)
-    for start in range(0, len(sentences), 7):
-        writer.write(sentences[start:start + 7])
-    assert writer.close() == (57, sum(map(len, sentences)))
-    ids, offsets = np.load(tmp_path / "train.src.ids.npy"), np.load(tmp_path / "train.src.offsets.npy")
-    assert ids.dtype == np.uint16 and offsets[0] == 0 and len(offsets) == 58
-    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(57)] == sentences
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.src.ids.npy", "train.src.offsets.npy"]
-
-
 def test_subword_samples_are_other_segmentations_of_the_same_training_pairs(tmp_path, handmade):
     out, limit = tmp_path / "prepared", pieces_limit(tmp_path, handmade)
     meta = prepare(out, "de", "en", **handmade, vocab_size=120, max_pieces=limit, subword_samples=3,

@@ -12,9 +12,10 @@ import torch
 
 from mt import checkpoint
 from mt.checkpoint import load_model
-from mt.data import Split, collate, step_batches, valid_split
+from mt.data import collate, step_batches, valid_split
 from mt.errors import MtError
 from mt.export import export
+from mt.ids import Split
 from mt.score import score_pairs
 from mt.tokenizer import EOS, PAD
 from mt.translate import Options, translate_lines

@@ -15,8 +15,9 @@ import mt.model
 import mt.train
 from mt import checkpoint
 from mt.config import Config, ModelConfig, resume_config, to_dict
-from mt.data import Batch, Split, batch_by_tokens, epoch_batches, pad, shift_targets
+from mt.data import Batch, batch_by_tokens, epoch_batches, pad, shift_targets
 from mt.errors import MtError
+from mt.ids import Split
 from mt.model import Transformer
 from mt.optim import learning_rate
 from mt.search import greedy

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mt.data import Split
+from mt.ids import Split
 from mt.lines import read_text
 from mt.model import Transformer
 from mt.search import Hypothesis
