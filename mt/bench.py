@@ -297,7 +297,7 @@ def train_batches(setting: TrainBench, cfg: Config) -> tuple[list[Batch], float]
         tgt = torch.randint(4, VOCAB, (setting.batch, setting.tgt_len + 1), generator=g)
         src[:, -1] = EOS
         return [Batch(src, tgt[:, :-1], tgt[:, 1:], setting.batch * setting.tgt_len)] * total, 0.0
-    if not (Path(setting.data) / "train.src.ids.npy").is_file():
+    if not Split.exists(setting.data, "train"):
         raise MtError(f"--data {setting.data}: no prepared training split there (train.src.ids.npy); run `mt "
                       "prepare` first")
     split = Split(setting.data, "train")

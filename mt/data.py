@@ -33,7 +33,7 @@ def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | Bo
     model (`train.two_way`), each read both ways with its tags."""
     data_dir = Path(data_dir)
     copies: list[Split] = []
-    while (data_dir / f"train-sample{len(copies) + 1}.src.ids.npy").is_file():
+    while Split.exists(data_dir, f"train-sample{len(copies) + 1}"):
         copies.append(Split(data_dir, f"train-sample{len(copies) + 1}"))
     splits = copies or [Split(data_dir, "train")]
     return [BothWays(split, tags(data_dir)) for split in splits] if two_way else splits

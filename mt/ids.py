@@ -26,6 +26,10 @@ BLOCK_LENGTHS = 100_000
 class Split:
     """One split of a prepared corpus: sentence i is src_ids[src_off[i]:src_off[i+1]] (and likewise tgt)."""
 
+    @staticmethod
+    def exists(data_dir: str | Path, split: str) -> bool:
+        return (Path(data_dir) / f"{split}.src.ids.npy").is_file()
+
     def __init__(self, data_dir: str | Path, split: str):
         data_dir = Path(data_dir)
         missing = [p for p in (data_dir / f"{split}.src.ids.npy", data_dir / f"{split}.tgt.ids.npy")

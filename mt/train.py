@@ -34,6 +34,7 @@ from mt.device import autocast, autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.fast import for_training
 from mt.finetune import NOT_WITH_RESUME, load_init
+from mt.ids import Split
 from mt.lines import check_output_dir, read_text
 from mt.members import member_dirs, train_members
 from mt.model import Transformer, count_parameters
@@ -102,7 +103,7 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
         raise MtError(f"{resumed_from}: the model config differs from the run's; a resumed run keeps its model")
     if init_path is not None:
         init = load_init(init_path, cfg, src_tok, tgt_tok, meta)
-    has_valid = (data_dir / "valid.src.ids.npy").is_file()
+    has_valid = Split.exists(data_dir, "valid")
     return Run(cfg, out_dir, device, autocast_dtype(cfg.train.precision, device), rank, world, src_tok, tgt_tok,
                {"src": meta.get("src"), "tgt": meta.get("tgt")}, train_splits(data_dir, cfg.train.two_way),
                valid_split(data_dir, cfg.train.two_way, cfg.model.right_to_left) if has_valid else None,
