@@ -33,8 +33,8 @@ def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | Bo
     model (`train.two_way`), each read both ways with its tags."""
     data_dir = Path(data_dir)
     copies: list[Split] = []
-    while Split.exists(data_dir, f"train-sample{len(copies) + 1}"):
-        copies.append(Split(data_dir, f"train-sample{len(copies) + 1}"))
+    while Split.exists(data_dir, name := f"train-sample{len(copies) + 1}"):
+        copies.append(Split(data_dir, name))
     splits = copies or [Split(data_dir, "train")]
     return [BothWays(split, tags(data_dir)) for split in splits] if two_way else splits
 

@@ -23,23 +23,27 @@ from mt.errors import MtError
 BLOCK_LENGTHS = 100_000
 
 
+def side_file(data_dir: str | Path, split: str, side: str, kind: str = "ids") -> Path:
+    """`{split}.{side}.{kind}.npy` in data_dir, kind "ids" or "offsets"."""
+    return Path(data_dir) / f"{split}.{side}.{kind}.npy"
+
+
 class Split:
     """One split of a prepared corpus: sentence i is src_ids[src_off[i]:src_off[i+1]] (and likewise tgt)."""
 
     @staticmethod
     def exists(data_dir: str | Path, split: str) -> bool:
-        return (Path(data_dir) / f"{split}.src.ids.npy").is_file()
+        return side_file(data_dir, split, "src").is_file()
 
     def __init__(self, data_dir: str | Path, split: str):
-        data_dir = Path(data_dir)
-        missing = [p for p in (data_dir / f"{split}.src.ids.npy", data_dir / f"{split}.tgt.ids.npy")
+        missing = [p for p in (side_file(data_dir, split, "src"), side_file(data_dir, split, "tgt"))
                    if not p.is_file()]
         if missing:
             raise MtError(f"{missing[0]}: not found; run `mt prepare` to create {data_dir}")
-        self.src_ids = np.load(data_dir / f"{split}.src.ids.npy", mmap_mode="r")
-        self.tgt_ids = np.load(data_dir / f"{split}.tgt.ids.npy", mmap_mode="r")
-        self.src_off = np.load(data_dir / f"{split}.src.offsets.npy")
-        self.tgt_off = np.load(data_dir / f"{split}.tgt.offsets.npy")
+        self.src_ids = np.load(side_file(data_dir, split, "src"), mmap_mode="r")
+        self.tgt_ids = np.load(side_file(data_dir, split, "tgt"), mmap_mode="r")
+        self.src_off = np.load(side_file(data_dir, split, "src", "offsets"))
+        self.tgt_off = np.load(side_file(data_dir, split, "tgt", "offsets"))
         self.name = split
 
     def __len__(self) -> int:
