@@ -108,11 +108,17 @@ bench: install
 gpu-check:
 	@PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK)
 
-# mt against Hugging Face generate and CTranslate2, side by side (installs the optional extra).
+# mt against Hugging Face and CTranslate2, side by side: translation (generate; CTranslate2 float32 and int8) and
+# training (MarianMTModel) per preset, one JSON line per system (installs the optional extra where it is missing).
+# COMPARE and COMPARE_TRAIN pass options on (tests run it tiny: COMPARE_PRESETS=tiny COMPARE="--batch 2 --runs 1").
+COMPARE_PRESETS ?= small base
+COMPARE ?= --batch 64 --int8
+COMPARE_TRAIN ?=
 bench-compare: install
-	$(BIN)/pip install --quiet -e '.[bench]'
-	for preset in small base; do for beam in 1 4; do \
-		$(BIN)/python benchmarks/compare_translate.py --preset $$preset --beam $$beam --batch 64 --int8; done; done
+	$(BIN)/python -c "import transformers, ctranslate2" 2>/dev/null || $(BIN)/pip install --quiet -e '.[bench]'
+	for preset in $(COMPARE_PRESETS); do for beam in 1 4; do \
+		$(BIN)/python benchmarks/compare_translate.py --preset $$preset --beam $$beam $(COMPARE) || exit 1; done; \
+		$(BIN)/python benchmarks/compare_train.py --preset $$preset $(COMPARE_TRAIN) || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs data/prepared

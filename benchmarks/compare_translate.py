@@ -22,10 +22,10 @@ import torch
 
 from mt.bench import PRESETS, VOCAB, preset_model
 from mt.data import pad
+from mt.fast import for_inference
 from mt.memory import keep_freed_memory
 from mt.search import beam_search, greedy
 from mt.tokenizer import EOS
-from mt.translate import for_inference
 
 
 def timed(run, runs: int) -> float:

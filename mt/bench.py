@@ -36,6 +36,7 @@ from mt.tokenizer import EOS
 from mt.translate import Options, autocast, compiled, translate_lines
 
 PRESETS = {
+    "tiny": dict(d_model=64, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=128),  # proves a benchmark runs; no figure
     "small": dict(d_model=256, n_heads=4, n_enc_layers=3, n_dec_layers=3, d_ff=1024),
     "base": dict(d_model=512, n_heads=8, n_enc_layers=6, n_dec_layers=6, d_ff=2048),
 }

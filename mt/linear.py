@@ -50,11 +50,18 @@ def cpu_vendor() -> str:
     return cpuinfo("vendor_id")
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no bf16 multiply, and so emulates it.
+NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
 def native_bf16() -> bool:
     """Whether the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), at twice or more the fp32 rate; elsewhere
-    oneDNN emulates bf16, more slowly than fp32."""
+    oneDNN emulates bf16, more slowly than fp32. ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2 make this
+    machine choose as an AVX2 one would."""
     flags = cpuinfo("flags").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in NO_BF16_ISAS
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and avx512 and not capped
 
 
 @functools.cache

@@ -82,3 +82,23 @@ def test_the_channel_recipe_trains_each_direction_not_yet_reported_then_reranks_
         "ensemble runs/multi30k_en_de_s7/final.pt runs/multi30k_de_en_s7/final.pt --out runs/multi30k_en_de_s7/final.channel.pt",
         "ensemble runs/multi30k_de_en_s7/final.pt runs/multi30k_en_de_s7/final.pt --out runs/multi30k_de_en_s7/final.channel.pt"]
     assert ".venv/bin/mt report runs/multi30k_de_en_s7 --checkpoint runs/multi30k_de_en_s7/final.channel.pt" in commands
+
+
+@needs_make
+def test_bench_compare_times_mt_beside_hugging_face_and_ctranslate2_on_the_same_workload():
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
+    done = subprocess.run(["make", "-s", "bench-compare", "COMPARE_PRESETS=tiny",
+                           "COMPARE=--batch 2 --runs 1 --src-len 4 --tgt-len 4 --int8",
+                           "COMPARE_TRAIN=--batch 2 --steps 1 --src-len 4 --tgt-len 4"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    translated = [r for r in rows if "beam" in r]
+    systems = {"mt-fp32", "mt-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8"}
+    for beam in (1, 4):
+        assert {r["system"] for r in translated if r["beam"] == beam} == systems
+    assert all(r["tgt_tokens"] == 2 * 4 for r in translated)  # every system produced the same output lengths
+    assert {r["system"] for r in rows if "median_step_s" in r} == {"mt", "hf"}
+    assert sum("ratios_mt_fp32_over" in r for r in rows) == 2 and sum("ratio_mt_over_hf" in r for r in rows) == 1
