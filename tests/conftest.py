@@ -76,35 +76,43 @@ def prepare_corpus(root: Path, **sizes) -> Path:
 
 
 def train_tiny(root: Path, steps: int, joint: bool = True, **model_changes) -> Path:
-    """A tiny de→en model trained (fp32, one thread, dropout 0) on the synthetic corpus until it ends every output
+    """A tiny de→en model trained (one thread, dropout 0) on the synthetic corpus until it ends every output
     on its valid set, greedy and beam 4, as the comparisons with other engines need: its best.pt. The corpus is in
     root/corpus.
 
-    Training goes on in rounds of `steps` steps until that holds (a few at most), so the model a test gets does
-    not depend on how fast this CPU's kernels make it learn."""
+    Training goes on in rounds of `steps` steps until that holds (see `train_until`)."""
     from mt.config import Config
     from mt.prepare import prepare
-    from mt.train import train
 
     corpus = write_corpus(root / "corpus")
     prepare(root / "data", "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=40,
             joint=joint, progress=False)
     cfg = Config(data=str(root / "data"), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2,
                                                             d_ff=64, dropout=0.0, max_len=64, **model_changes))
-    cfg.train.max_tokens, cfg.train.warmup, cfg.train.max_steps, cfg.train.lr = 256, 20, steps, 3e-3
-    cfg.train.valid_bleu, cfg.train.threads, cfg.train.precision = False, 1, "fp32"
-    threads = torch.get_num_threads()
+    cfg.train.max_tokens, cfg.train.warmup, cfg.train.lr = 256, 20, 3e-3
+    cfg.train.valid_bleu, cfg.train.threads = False, 1
     sources = (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
-    for rounds in range(1, TRAIN_ROUNDS + 1):
-        train(cfg, root / "run", resume=rounds > 1, progress=False)
+    train_until(cfg, root / "run", steps, lambda run: ends_its_outputs(run / "best.pt", sources),
+                "end its outputs")
+    return root / "run" / "best.pt"
+
+
+def train_until(cfg, run: Path, steps: int, done, what: str, rounds: int = 5) -> None:
+    """Train `cfg` (fp32, as every CPU computes it alike) into `run` in rounds of `steps` steps until `done(run)`;
+    a test gets a model that does what it needs by that condition, not by a step count that suits one CPU."""
+    from mt.train import train
+
+    cfg.train.precision, cfg.train.max_steps = "fp32", steps
+    threads = torch.get_num_threads()
+    for round in range(rounds):
+        train(cfg, run, resume=round > 0, progress=False)
         torch.set_num_threads(threads)  # train set one thread for the process
-        if ends_its_outputs(root / "run" / "best.pt", sources):
-            return root / "run" / "best.pt"
+        if done(run):
+            return
         cfg.train.max_steps += steps
-    raise AssertionError(f"the tiny model did not learn to end its outputs in {TRAIN_ROUNDS} x {steps} steps")
+    raise AssertionError(f"the tiny model did not learn to {what} in {rounds} x {steps} steps")
 
 
-TRAIN_ROUNDS = 5
 ENDS_WITHIN = 28  # output tokens, below every limit the tests decode with
 
 
