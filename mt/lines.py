@@ -4,7 +4,7 @@ Lines end at "\\n" only (as `wc -l` counts them), a trailing "\\r" is dropped, a
 ignored. Files are decoded as UTF-8 line by line, so an invalid byte is reported with its file and line; a line is
 read at most MT_MAX_LINE_BYTES at a time, so a file without line ends (or a gzip bomb) is refused, not read whole.
 Any readable path is an input, a FIFO or <(command) too. Output is written to a temporary name and renamed into
-place, so a crash never leaves half a file.
+place, so a crash never leaves half a file; the checks before any work make sure it is not one of the inputs.
 """
 
 from __future__ import annotations
@@ -148,3 +148,16 @@ def check_input(path: str | Path, option: str) -> None:
     if not os.access(path, os.R_OK):
         raise MtError(f"{option} {path}: cannot read it (permission denied)")
 
+
+def check_not_input(output: str | Path, option: str, inputs: Iterable[str | Path]) -> None:
+    """Before anything is written or deleted: `output` (a file to write, or a directory to write or replace) is
+    none of `inputs` and holds none of them, paths resolved; else `MtError` naming both paths and the fix."""
+    out = Path(output).resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+            raise MtError(f"{option} {output} is the input {given}: writing it would destroy what it is made from; "
+                          f"choose another path for {option}")
+        if out in source.parents:
+            raise MtError(f"{option} {output} holds the input {given}, which replacing it would delete; choose "
+                          f"another path for {option}, one that holds no input")

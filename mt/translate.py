@@ -32,6 +32,7 @@ from mt.exported import load as load_exported
 from mt.fast import PRECISIONS, compile_decoding
 from mt.lines import (
     check_input,
+    check_not_input,
     check_output,
     check_output_dir,
     read_lines,
@@ -130,8 +131,11 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
     if request.input is not None:
         check_input(request.input, "--input")
-    for option, path in (("--output", request.output), ("--alignments", request.alignments)):
+    # --output may be --input: the input is read to its end before the output is renamed over it
+    for option, path, inputs in (("--output", request.output, [request.checkpoint]),
+                                 ("--alignments", request.alignments, [request.checkpoint, request.input])):
         if path is not None:
+            check_not_input(path, option, [p for p in inputs if p is not None])
             check_output(path, option)
     if request.attention is not None:
         check_output_dir(request.attention, "--attention")

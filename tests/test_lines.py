@@ -8,6 +8,7 @@ from mt.lines import (
     LIMIT_ENV,
     check_aligned,
     check_input,
+    check_not_input,
     read_lines,
     read_text,
     write_lines,
@@ -152,3 +153,21 @@ def test_a_line_past_the_limit_is_refused_before_it_is_read_whole(tmp_path, monk
     with pytest.raises(MtError, match=f"{LIMIT_ENV}='lots': expected a number of bytes"):
         read_text(short)
 
+
+def test_check_not_input_refuses_an_output_that_is_or_holds_an_input(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    best = run / "best.pt"
+    best.write_bytes(b"weights")
+    (tmp_path / "link.pt").symlink_to(best)
+    os.link(best, tmp_path / "hard.pt")
+    monkeypatch.chdir(tmp_path)
+    check_not_input(run / "export", "--out", [best])  # beside it: fine
+    check_not_input(tmp_path / "other.pt", "--out", [best, tmp_path / "missing"])
+    with pytest.raises(MtError, match=rf"^--out run holds the input {best}, which replacing it would delete; "
+                                      "choose another path for --out"):
+        check_not_input("run", "--out", [best])
+    for out in ("run/best.pt", "run/../run/./best.pt", "link.pt", "hard.pt"):
+        with pytest.raises(MtError, match=rf"^--out {out} is the input {best}: .*choose another path for --out$"):
+            check_not_input(out, "--out", [best])
+    assert best.read_bytes() == b"weights"
