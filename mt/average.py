@@ -19,7 +19,7 @@ from mt import checkpoint
 from mt.checkpoint import from_state, joined
 from mt.config import same_model
 from mt.errors import MtError
-from mt.lines import check_output
+from mt.lines import check_not_input, check_output
 from mt.members import average_members, member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
@@ -91,6 +91,7 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
         raise MtError(f"--last {last!r}: expected a count or comma-separated counts, e.g. 8 or 2,4,8") from None
     if len(counts) > 1 and best:
         raise MtError("--best N averages the N best checkpoints; several counts work with --last only")
+    check_not_input(out, "--out", averaged_inputs(run_dir))
     check_output(out, "--out", create_parent=True)
 
     def average_one(directory: Path, to: Path) -> tuple[dict[str, Any], list[dict]]:
@@ -101,6 +102,14 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
         if member_dirs(run_dir):  # an ensemble run: each member averaged, then joined
             return average_members(Path(run_dir), out, average_one)
         return average_one(run_dir, out)
+
+
+def averaged_inputs(run_dir: Path) -> list[Path]:
+    """What `mt average RUN` reads: the run's numbered checkpoints, or in an ensemble run each member's and the
+    final.pt that the members' averages are joined from."""
+    members = member_dirs(run_dir)
+    numbered = [path for directory in [Path(run_dir), *members] for _, path in checkpoint.numbered(directory)]
+    return numbered + [directory / "final.pt" for directory in members]
 
 
 def summary(state: dict[str, Any], results: list[dict], out: Path) -> str:

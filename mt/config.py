@@ -134,10 +134,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         path = Path(path)
         if not path.is_file():
             raise MtError(f"{path}: config file not found")
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise MtError(f"{path}: not valid YAML: {e}") from None
+        raw = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
         if not isinstance(raw, dict):
             raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
         for key, value in flatten(raw).items():
@@ -174,9 +171,37 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, sep, value = item.partition("=")
         if not sep:
             raise MtError(f"--set {item!r}: expected key=value, e.g. train.lr=0.001")
-        set_value(cfg, key.strip(), yaml.safe_load(value) if value.strip() else "")
+        set_value(cfg, key.strip(), read_yaml(value, f"--set {item}") if value.strip() else "")
     validate(cfg)
     return cfg
+
+
+class NoAliases(yaml.SafeLoader):
+    """YAML without aliases (`*name`): a config is short enough to write out, and aliases of aliases ("billion
+    laughs") would expand a few lines into gigabytes. Errors name `self.name`, the file or --set item read."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise MtError(f"{self.name}:{event.start_mark.line + 1}: YAML alias *{event.anchor} refused: a config "
+                          "does not repeat values by reference; write the value out")
+        return super().compose_node(parent, index)
+
+
+def read_yaml(text: str, name: str) -> Any:
+    """The value YAML `text` holds, read without aliases; a mistake is an `MtError` naming `name` and the line."""
+    loader = NoAliases(text)
+    loader.name = name  # PyYAML's own marks then name it too
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise MtError(f"{name}{line}: not valid YAML ({e.problem or e.context})") from None
+    except yaml.YAMLError as e:
+        raise MtError(f"{name}: not valid YAML ({e})") from None
+    finally:
+        loader.dispose()
 
 
 def from_dict(raw: dict[str, Any]) -> Config:

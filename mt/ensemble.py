@@ -26,7 +26,7 @@ from mt import checkpoint
 from mt.cache import DecoderCache
 from mt.config import same_model
 from mt.errors import MtError
-from mt.lines import check_output
+from mt.lines import check_not_input, check_output
 from mt.runlock import writing_into
 
 
@@ -137,6 +137,7 @@ def right_to_left(state: dict[str, Any]) -> bool:
 
 def write_ensemble(paths: list[Path], out: Path) -> dict[str, Any]:
     """What `mt ensemble` does: `combine` the checkpoints and write the result to `out` (atomically)."""
+    check_not_input(out, "--out", paths)
     check_output(out, "--out", create_parent=True)
     with writing_into(out):
         state = combine(paths)

@@ -16,7 +16,7 @@ from pathlib import Path
 from mt import checkpoint
 from mt.errors import MtError
 from mt.exported import MANIFEST
-from mt.lines import check_output_dir
+from mt.lines import check_not_input, check_output_dir
 
 TARGETS = ("ctranslate2", "huggingface")
 
@@ -27,6 +27,7 @@ def export(source: str | Path, to: str, out: str | Path, quantization: str = "fl
     source, out = Path(source), Path(out)
     if to not in TARGETS:
         raise MtError(f"--to {to}: unknown target; choose one of {', '.join(TARGETS)}")
+    check_not_input(out, "--out", [source])  # --force replaces --out: never with the checkpoint inside
     check_output_dir(out, "--out")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MtError(f"--out {out}: exists and is not empty; choose another directory, or --force to replace it")

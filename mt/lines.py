@@ -1,14 +1,17 @@
 """Text files, one sentence per line: the one reader, the one line-count check and the one writer.
 
 Lines end at "\\n" only (as `wc -l` counts them), a trailing "\\r" is dropped, and a leading byte-order mark is
-ignored. Files are decoded as UTF-8 line by line, so an invalid byte is reported with its file and line. Output is
-written to a temporary name and renamed into place, so a crash never leaves half a file.
+ignored. Files are decoded as UTF-8 line by line, so an invalid byte is reported with its file and line; a line is
+read at most MT_MAX_LINE_BYTES at a time, so a file without line ends (or a gzip bomb) is refused, not read whole.
+Any readable path is an input, a FIFO or <(command) too. Output is written to a temporary name and renamed into
+place, so a crash never leaves half a file; the checks before any work make sure it is not one of the inputs.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,6 +20,8 @@ from typing import BinaryIO
 from mt.errors import MtError, cannot_write
 
 ENCODING_ERRORS = ("strict", "replace", "ignore")
+LIMIT_ENV = "MT_MAX_LINE_BYTES"
+MAX_LINE_BYTES = 1 << 20  # far above any sentence's length, and what a line may hold in memory
 
 
 def read_lines(source: str | Path | BinaryIO, encoding_errors: str = "strict", empty_ok: bool = False,
@@ -29,24 +34,40 @@ def read_lines(source: str | Path | BinaryIO, encoding_errors: str = "strict", e
     if encoding_errors not in ENCODING_ERRORS:
         raise MtError(f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}")
     is_file = isinstance(source, (str, Path))
-    name, lineno = str(source) if is_file else name, 0
+    name, lineno, limit = str(source) if is_file else name, 0, max_line_bytes()
     try:
         with _open_binary(Path(source)) if is_file else nullcontext(source) as f:  # a stream given stays open
             while True:
                 if ask is not None:
                     ask()
-                raw = f.readline()
+                raw = f.readline(limit + 1)
                 if not raw:
                     break
                 lineno += 1
+                if len(raw) > limit and not raw.endswith(b"\n"):
+                    raise MtError(f"{name}:{lineno}: a line longer than {limit:,} bytes ({LIMIT_ENV}); is it text, "
+                                  f"one sentence per line? Split it, or raise {LIMIT_ENV}")
                 line = _decode(raw, name, lineno, encoding_errors)
                 yield (line.removeprefix("\ufeff") if lineno == 1 else line).removesuffix("\n").removesuffix("\r")
     except FileNotFoundError:
         raise MtError(f"{name}: no such file") from None
     except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError; a truncated .gz ends in EOFError
         raise MtError(f"{name}: cannot read ({e})") from None
+    except zlib.error as e:  # a valid gzip header over damaged data
+        raise MtError(f"{name}:{lineno + 1}: corrupt gzip data ({e}); the file is damaged: fetch or compress it "
+                      "again") from None
     if lineno == 0 and not empty_ok:
         raise MtError(f"{name}: file is empty")
+
+
+def max_line_bytes() -> int:
+    """The longest line `read_lines` takes, in bytes: MT_MAX_LINE_BYTES, else MAX_LINE_BYTES."""
+    value = os.environ.get(LIMIT_ENV, "").strip()
+    if not value:
+        return MAX_LINE_BYTES
+    if not value.isdigit() or int(value) < 1:
+        raise MtError(f"{LIMIT_ENV}={value!r}: expected a number of bytes, at least 1 (default {MAX_LINE_BYTES})")
+    return int(value)
 
 
 def _open_binary(path: Path) -> BinaryIO:
@@ -114,3 +135,29 @@ def check_output_dir(path: str | Path, option: str) -> None:
         raise MtError(f"{option} {path}: {existing} is a file, not a directory; choose another path")
     if not os.access(existing, os.W_OK):
         raise MtError(f"{option} {path}: cannot write into {existing} (permission denied); choose another path")
+
+
+def check_input(path: str | Path, option: str) -> None:
+    """Before any work: `path` can be read, as a stream: a file, a FIFO, /dev/stdin or <(command) alike, anything
+    but a directory; else `MtError` naming the option and the path."""
+    path = Path(path)
+    if not path.exists():
+        raise MtError(f"{option} {path}: input file not found")
+    if path.is_dir():
+        raise MtError(f"{option} {path}: is a directory; give a file")
+    if not os.access(path, os.R_OK):
+        raise MtError(f"{option} {path}: cannot read it (permission denied)")
+
+
+def check_not_input(output: str | Path, option: str, inputs: Iterable[str | Path]) -> None:
+    """Before anything is written or deleted: `output` (a file to write, or a directory to write or replace) is
+    none of `inputs` and holds none of them, paths resolved; else `MtError` naming both paths and the fix."""
+    out = Path(output).resolve()
+    for given in inputs:
+        source = Path(given).resolve()
+        if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+            raise MtError(f"{option} {output} is the input {given}: writing it would destroy what it is made from; "
+                          f"choose another path for {option}")
+        if out in source.parents:
+            raise MtError(f"{option} {output} holds the input {given}, which replacing it would delete; choose "
+                          f"another path for {option}, one that holds no input")

@@ -32,7 +32,7 @@ from mt.clean import CleanCounts, clean_pairs
 from mt.corpus import Source, find_source, named_source, read_pairs
 from mt.errors import MtError
 from mt.ids import IdsWriter
-from mt.lines import ENCODING_ERRORS, check_output_dir, read_lines
+from mt.lines import ENCODING_ERRORS, check_not_input, check_output_dir, read_lines
 from mt.tokenizer import Tokenizer, tag, train_sentencepiece
 
 MODEL_TYPES = ("unigram", "bpe")
@@ -113,6 +113,7 @@ def prepare(
         raise MtError(f"source and target language are both {src!r}")
     options.check()
     sources = resolve_sources(src, tgt, corpus, train, valid, test, mirror)
+    check_not_input(out_dir, "--out", input_paths(sources, options.tokenizer))
     check_output_dir(out_dir, "--out")
     _check_replaceable(out_dir)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
@@ -132,6 +133,15 @@ def default_out(corpus: str | None, train: str | None, src: str, tgt: str) -> Pa
     if corpus is None and train is None:
         raise MtError("name a corpus (e.g. `mt prepare multi30k`) or give --train")
     return Path("data/prepared") / f"{corpus or Path(train).stem}_{src}_{tgt}"
+
+
+def input_paths(sources: dict[str, Source], tokenizer: str | None) -> list[Path]:
+    """The files and directories `prepare` reads, as meta.json records them (a `hf:` name is a path when it is a
+    local directory), and the tokenizer's checkpoint."""
+    described = [source.describe() for source in sources.values()]
+    paths = [Path(d[key]) for d in described for key in ("src", "tgt", "path") if key in d]
+    paths += [Path(d["name"]) for d in described if d["format"] == "hf" and Path(d["name"]).exists()]
+    return paths + ([Path(tokenizer)] if tokenizer else [])
 
 
 def resolve_sources(src: str, tgt: str, corpus: str | None, train: str | None, valid: str | None,

@@ -30,7 +30,15 @@ from mt.errors import MtError
 from mt.exported import CTranslate2Model, is_export
 from mt.exported import load as load_exported
 from mt.fast import PRECISIONS, compile_decoding
-from mt.lines import check_output, check_output_dir, read_lines, read_text, write_lines
+from mt.lines import (
+    check_input,
+    check_not_input,
+    check_output,
+    check_output_dir,
+    read_lines,
+    read_text,
+    write_lines,
+)
 from mt.options import TranslateRequest
 from mt.rerank import Opinions, Reranked, joined, opinions, rerank
 from mt.search import Hypothesis, beam_search, greedy
@@ -109,6 +117,7 @@ def run(request: TranslateRequest) -> None:
 def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     """The checkpoint's model, made ready to decode in the precision asked for, and the decode options: the
     checkpoint's, changed by the request. Raises MtError for what cannot run."""
+    check_streams(request)
     if request.precision not in PRECISIONS:
         raise MtError(f"--precision {request.precision}: must be one of {', '.join(PRECISIONS)}")
     if request.threads:
@@ -120,14 +129,25 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
                                nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
-    for option, path in (("--output", request.output), ("--alignments", request.alignments)):
+    if request.input is not None:
+        check_input(request.input, "--input")
+    # --output may be --input: the input is read to its end before the output is renamed over it
+    for option, path, inputs in (("--output", request.output, [request.checkpoint]),
+                                 ("--alignments", request.alignments, [request.checkpoint, request.input])):
         if path is not None:
+            check_not_input(path, option, [p for p in inputs if p is not None])
             check_output(path, option)
     if request.attention is not None:
         check_output_dir(request.attention, "--attention")
-    if request.input is not None and not request.input.is_file():
-        raise MtError(f"{request.input}: input file not found")
     return (compiled(loaded, opts, device) if request.compile else loaded), opts, device
+
+
+def check_streams(request: TranslateRequest) -> None:
+    """A closed stdin or stdout (`<&-`, `>&-`), which Python leaves as None, is an error when the request needs it."""
+    if request.input is None and sys.stdin is None:
+        raise MtError("stdin is closed: nothing to translate; pipe text in, or give --input FILE")
+    if request.output is None and sys.stdout is None:
+        raise MtError("stdout is closed: nowhere to write the translations; give --output FILE")
 
 
 def load_any(path: Path, device: torch.device, precision: str | None = "fp32", engine: str = "auto",

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from mt.errors import MtError
 from mt.evaluate import length_ratio
-from mt.lines import check_aligned, check_output, read_text
+from mt.lines import check_aligned, check_not_input, check_output, read_text
 from mt.options import DEVICE
 from mt.runlock import writing_into
 
@@ -162,6 +162,8 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
     beam_list, penalty_list, weight_list = parse_grid(beams or "1", penalties, weights)
     channel_list = parse_weights(channel_weights, "--channel-weights")
     finish_list = parse_finish(finish)
+    # --out may be --checkpoint: it is read whole before it is written over, with its decode defaults changed
+    check_not_input(out, "--out", [path for path in (src, ref) if path is not None])
     check_output(out, "--out", create_parent=True)
     dev = pick_device(device)
     with writing_into(out):

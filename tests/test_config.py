@@ -94,3 +94,21 @@ def test_flatten_gives_dotted_keys():
 def test_zero_heads_is_an_error_naming_the_key_not_a_division_by_zero():
     with pytest.raises(MtError, match="model.n_heads=0: must be positive"):
         load_config(overrides=["model.n_heads=0"])
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
+    # "Billion laughs": ten levels of ten aliases each would be 10^10 strings in flatten() or an error's repr.
+    levels = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path = write(tmp_path, "data: d\n" + "\n".join(levels) + "\n")
+    with pytest.raises(MtError, match=rf"^{path}:3: YAML alias \*a0 refused: .*write the value out$"):
+        load_config(path)
+    with pytest.raises(MtError, match=r"^--set data=\[&x \[1\], \*x\]:1: YAML alias \*x refused"):
+        load_config(None, ["data=[&x [1], *x]"])
+
+
+def test_invalid_yaml_is_one_line_naming_the_file_and_line(tmp_path):
+    path = write(tmp_path, "data: d\ntrain:\n  lr: [1, 2\n")
+    with pytest.raises(MtError, match=rf"^{path}:4: not valid YAML \(expected ',' or '\]', but got '<stream end>'\)$"):
+        load_config(path)
+

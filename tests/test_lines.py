@@ -1,9 +1,18 @@
 import gzip
+import os
 
 import pytest
 
 from mt.errors import MtError
-from mt.lines import check_aligned, read_lines, read_text, write_lines
+from mt.lines import (
+    LIMIT_ENV,
+    check_aligned,
+    check_input,
+    check_not_input,
+    read_lines,
+    read_text,
+    write_lines,
+)
 
 
 def test_read_text_keeps_lines_exactly(tmp_path):
@@ -85,3 +94,80 @@ def test_a_write_that_runs_out_of_room_keeps_the_previous_file_and_leaves_nothin
     assert result.returncode != 0
     assert f"MtError: {out}: cannot write: the file size limit is reached" in result.stderr
     assert out.read_text() == "the previous translation\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_a_fifo_is_read_as_a_stream_while_its_writer_writes(tmp_path):
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    check_input(fifo, "--input")  # exists and readable, though not a regular file
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            for i in range(1000):
+                f.write(f"line {i}\n".encode())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    lines = list(read_lines(fifo))
+    writer.join()
+    assert lines == [f"line {i}" for i in range(1000)]
+
+
+def test_check_input_names_what_cannot_be_read(tmp_path):
+    with pytest.raises(MtError, match=f"^--input {tmp_path / 'none'}: input file not found$"):
+        check_input(tmp_path / "none", "--input")
+    with pytest.raises(MtError, match=f"^--input {tmp_path}: is a directory"):
+        check_input(tmp_path, "--input")
+
+
+def test_corrupt_gzip_data_behind_a_valid_header_is_one_error_naming_the_file(tmp_path):
+    data = bytearray(gzip.compress(b"a line\n" * 10_000))
+    data[10] = 0xFF  # the 10-byte header stays valid; the first deflate block gets type 3, which does not exist
+    (tmp_path / "t.gz").write_bytes(bytes(data))
+    with pytest.raises(MtError, match=rf"^{tmp_path / 't.gz'}:\d+: corrupt gzip data \(.*\); the file is damaged"):
+        read_text(tmp_path / "t.gz")
+
+
+def test_a_line_past_the_limit_is_refused_before_it_is_read_whole(tmp_path, monkeypatch):
+    import tracemalloc
+
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(gzip.compress(b"\0" * 50_000_000, compresslevel=1))  # 50 MB of one line, in some 200 KB
+    assert bomb.stat().st_size < 1_000_000
+    monkeypatch.setenv(LIMIT_ENV, "1000000")
+    tracemalloc.start()
+    try:
+        with pytest.raises(MtError, match=rf"^{bomb}:1: a line longer than 1,000,000 bytes \({LIMIT_ENV}\); "
+                                          rf".*raise {LIMIT_ENV}$"):
+            read_text(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10_000_000, peak  # bounded by the limit, not the 50 MB line
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"x" * 999_999 + b"\r\n" + b"y" * 1_000_000 + b"\n")  # at the limit, without its line end
+    assert [len(line) for line in read_text(short)] == [999_999, 1_000_000]
+    monkeypatch.setenv(LIMIT_ENV, "lots")
+    with pytest.raises(MtError, match=f"{LIMIT_ENV}='lots': expected a number of bytes"):
+        read_text(short)
+
+
+def test_check_not_input_refuses_an_output_that_is_or_holds_an_input(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    best = run / "best.pt"
+    best.write_bytes(b"weights")
+    (tmp_path / "link.pt").symlink_to(best)
+    os.link(best, tmp_path / "hard.pt")
+    monkeypatch.chdir(tmp_path)
+    check_not_input(run / "export", "--out", [best])  # beside it: fine
+    check_not_input(tmp_path / "other.pt", "--out", [best, tmp_path / "missing"])
+    with pytest.raises(MtError, match=rf"^--out run holds the input {best}, which replacing it would delete; "
+                                      "choose another path for --out"):
+        check_not_input("run", "--out", [best])
+    for out in ("run/best.pt", "run/../run/./best.pt", "link.pt", "hard.pt"):
+        with pytest.raises(MtError, match=rf"^--out {out} is the input {best}: .*choose another path for --out$"):
+            check_not_input(out, "--out", [best])
+    assert best.read_bytes() == b"weights"

@@ -1,6 +1,9 @@
 import io
+import shlex
+import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +214,42 @@ def test_finishing_the_whole_beam_finds_a_translation_scored_at_least_as_high_an
     assert all(f[0].score >= p[0].score - 1e-5 for p, f in zip(plain, full, strict=True))
     assert any(f[0].tokens != p[0].tokens for p, f in zip(plain, full, strict=True)), \
         "no sentence where searching on finds another translation: the test proves nothing"
+
+
+# ---------------------------------------------------------------------------------------------- standard streams
+
+
+def test_a_closed_stdin_or_stdout_is_an_error_naming_the_way_out(model_path, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)  # how Python leaves a closed stream: `mt translate <&-`
+    with pytest.raises(MtError, match=r"^stdin is closed: nothing to translate; .*give --input FILE$"):
+        run(TranslateRequest(model_path, beam=1))
+    monkeypatch.setattr(sys, "stdout", None)  # `mt translate ... >&-`
+    (model_path.parent / "in.txt").write_text("the cat\n", encoding="utf-8")
+    with pytest.raises(MtError, match=r"^stdout is closed: .*give --output FILE$"):
+        run(TranslateRequest(model_path, input=model_path.parent / "in.txt", beam=1))
+
+
+def mt_process(*args: object, data: bytes = b"", shell_tail: str = "", cwd: Path | None = None
+               ) -> subprocess.CompletedProcess:
+    """`python -m mt ARGS` with `data` on stdin, or in bash when `shell_tail` redirects its streams (`<&-`)."""
+    command = [sys.executable, "-m", "mt", *map(str, args)]
+    if shell_tail:
+        return subprocess.run(f"{shlex.join(command)} {shell_tail}", shell=True, executable="/bin/bash",
+                              capture_output=True, timeout=120, cwd=cwd)
+    return subprocess.run(command, input=data, capture_output=True, timeout=120, cwd=cwd)
+
+
+def test_in_a_real_process_dev_stdin_is_an_input_and_closed_or_broken_streams_end_in_one_line(model_path):
+    result = mt_process("translate", "-c", model_path, "-i", "/dev/stdin", data=b"the cat\n\na dog\n")
+    assert result.returncode == 0 and result.stdout.count(b"\n") == 3, result.stderr
+    for tail, message in (("<&-", b"error: stdin is closed"), (">&-", b"error: stdout is closed")):
+        result = mt_process("translate", "-c", model_path, shell_tail=tail)
+        assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
+        assert result.stderr.count(b"\n") == 1, result.stderr
+    many = model_path.parent / "many.txt"
+    many.write_text("the cat sat on the mat\n" * 1000, encoding="utf-8")
+    # Some 90 KB of n-best lines, more than a pipe holds: the reader leaves after one, so writing fails (EPIPE),
+    # and the writer ends quietly with no traceback, as `yes | head -1` does.
+    result = mt_process("translate", "-c", model_path, "-i", many, "--nbest", 4, cwd=model_path.parent,
+                        shell_tail="2>err.txt | head -1; echo status ${PIPESTATUS[0]}; cat err.txt")
+    assert result.stdout.split(b"\n")[1:] == [b"status 1", b""], result.stdout
