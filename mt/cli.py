@@ -242,7 +242,8 @@ def serve(
 ) -> None:
     """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /."""
     from mt.options import ServeOptions
-    from mt.serve import api_keys, run
+    from mt.serve import run
+    from mt.servechecks import api_keys
 
     run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
                                               cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads,
