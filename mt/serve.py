@@ -36,6 +36,7 @@ from mt.options import ServeOptions
 from mt.search import Hypothesis
 from mt.servechecks import check_key, check_lines, header_key
 from mt.serveerrors import add_error_handlers
+from mt.servelimits import protocol
 from mt.servemetrics import CountAnswers, Metrics
 from mt.translate import Options, compiled, encode_lines, load_any, translate_lines
 
@@ -326,4 +327,5 @@ def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
     # What loading left (the models, compiled code) lives as long as the server: out of the garbage collector's
     # full passes, which walk every object and would stall requests (about 0.1 s a pass, 0.5 s with --compile).
     gc.freeze()
-    uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30)
+    uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30,
+                http=protocol(options))
