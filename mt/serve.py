@@ -4,8 +4,9 @@ The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus); the page at `/`. Concurrent requests are batched together by mt/batcher.py. Limits
 (characters per line, lines per request, queue room, a timeout per request) answer with a status and
-`{"error": ...}`, never by falling over: mt/servechecks.py judges each request before it is queued, and
-mt/serveerrors.py gives every refusal that shape. No endpoint reads a path a request names.
+`{"error": ...}`, never by falling over: mt/servechecks.py judges each request before it is queued,
+mt/serveerrors.py gives every refusal that shape, and mt/servelimits.py drops clients too slow to send their
+requests. No endpoint reads a path a request names.
 """
 
 from __future__ import annotations
