@@ -4,7 +4,8 @@ A request's lines wait in a bounded queue. When the worker is free it takes the 
 other waiting request with the same decoding settings, up to a token budget, and translates all their lines in
 one call (mt/translate.py sorts them by length and batches them); each request then gets its own lines back, in
 order. An idle worker starts on a lone request at once: there is no waiting window. A request whose caller gave up
-(timed out, disconnected) before the worker reached it is dropped unread.
+(timed out, disconnected) before the worker reached it is dropped unread. When a call fails, each of its requests
+is tried again alone, so a request the model cannot translate fails itself only.
 
 Just after a call, the callers it answered are often about to send their next request. Taking only what waits
 then splits a steady load of N clients into calls of about N/2, alternating, while a call's time grows far more
@@ -32,6 +33,7 @@ from mt.search import Hypothesis
 
 Settings = tuple[int, float, int]  # beam, length penalty, n best: what requests batched together must share
 Translate = Callable[[list[str], Settings], list[list[Hypothesis]]]
+Outcome = tuple[Any, Exception | None]  # a request's result, or the error that is its answer instead
 REFILL = 0.25  # after a model call, how long to wait for its callers' next requests, as a share of the call's time
 
 
@@ -170,27 +172,49 @@ class Batcher:
     def run(self, group: list[Pending]) -> int:
         """Translate the group and hand each request its lines; returns how many requests waited as the answers
         went out (a caller answered may be back before the worker next looks: it is not one of these)."""
-        lines = [line for pending in group for line in pending.lines]
-        parts, error = [], None
-        try:
-            if group[0].call is not None:
-                parts = [group[0].call()]
-            else:
-                results, start = self.translate(lines, group[0].settings), 0
-                for pending in group:
-                    parts.append(results[start:start + len(pending.lines)])
-                    start += len(pending.lines)
-        except Exception as caught:  # the callers get the error; the worker lives on for the next requests
-            error = caught
+        calls: list[tuple[int, int]] = []  # (requests, lines) of each model call that answered
+        outcomes = [attempt(group[0].call)] if group[0].call is not None else self.translate_each(group, calls)
         waiting = len(self.waiting)
-        for pending, part in zip(group, parts or [None] * len(group), strict=True):
+        for pending, (part, error) in zip(group, outcomes, strict=True):
             if error is None:
                 pending.loop.call_soon_threadsafe(set_result, pending.future, part)
             else:
                 pending.loop.call_soon_threadsafe(set_exception, pending.future, error)
-        if error is None and group[0].call is None:
-            self.stats.record(len(group), len(lines))
+        for requests, lines in calls:
+            self.stats.record(requests, lines)
         return waiting
+
+    def translate_each(self, group: list[Pending], calls: list[tuple[int, int]]) -> list[Outcome]:
+        """Each request's lines, or its error. When the call for the whole group fails, each request is retried
+        alone, so that one request the model cannot translate fails only itself, not those batched beside it."""
+        lines = [line for pending in group for line in pending.lines]
+        results, error = attempt(lambda: self.translate(lines, group[0].settings))
+        if error is None:
+            calls.append((len(group), len(lines)))
+            outcomes, start = [], 0
+            for pending in group:
+                outcomes.append((results[start:start + len(pending.lines)], None))
+                start += len(pending.lines)
+            return outcomes
+        if len(group) == 1:
+            return [(None, error)]
+        outcomes = []
+        for pending in group:
+            if pending.future.done():  # its caller gave up meanwhile: no second try
+                outcomes.append((None, error))
+                continue
+            outcomes.append(attempt(lambda p=pending: self.translate(p.lines, p.settings)))
+            if outcomes[-1][1] is None:
+                calls.append((1, len(pending.lines)))
+        return outcomes
+
+
+def attempt(call: Callable[[], Any]) -> Outcome:
+    """`call()`'s result, or the error it raised: the callers get the error; the worker lives on."""
+    try:
+        return call(), None
+    except Exception as error:
+        return None, error
 
 
 def set_result(future: asyncio.Future, value) -> None:

@@ -239,14 +239,18 @@ def serve(
     batching: Annotated[bool, typer.Option(help="Translate concurrent requests together.")] = SERVE.batching,
     threads: Annotated[int, typer.Option(min=0, help="CPU threads for translating [default: PyTorch's].")] = SERVE.threads,
     compile: Annotated[bool, typer.Option("--compile", help="As for mt translate: each model compiled before the server is ready.")] = SERVE.compile,
+    client_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a client may take to send a request, head and body, from its first byte (or from connecting); slower: dropped, with 408 if its head is incomplete. Besides: idle keep-alive connections close after 5 s, a request's head may hold 16 KiB.")] = SERVE.client_timeout,
+    max_connections: Annotated[int, typer.Option(min=1, help="Open connections held at once (more: 503 at once, Retry-After).")] = SERVE.max_connections,
 ) -> None:
-    """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /."""
+    """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /. Before
+    exposing it to a network, read docs/serving.md."""
     from mt.options import ServeOptions
-    from mt.serve import api_keys, run
+    from mt.serve import run
+    from mt.servechecks import api_keys
 
     run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
                                               cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads,
-                                              compile))
+                                              compile, client_timeout, max_connections))
 
 
 @app.command()

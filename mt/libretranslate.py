@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 from fastapi import Request
 
 from mt.errors import ApiError
+from mt.serveerrors import unreadable
 
 
 @dataclass
@@ -21,16 +23,7 @@ class Query:
 
 
 async def parse(request: Request) -> Query:
-    if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object with q, source and target")
-    else:
-        form = await request.form()
-        body = {key: (values if len(values := form.getlist(key)) > 1 else values[0]) for key in form}
+    body = await fields(request)
     q = body.get("q")
     single = isinstance(q, str)
     if not single and not (isinstance(q, list) and all(isinstance(x, str) for x in q)):
@@ -50,3 +43,32 @@ def respond(query: Query, src: str, texts: list[str]) -> dict:
         detected = {"confidence": 100.0, "language": src}
         out["detectedLanguage"] = detected if query.single else [detected] * len(texts)
     return out
+
+
+async def fields(request: Request) -> dict:
+    """The body's fields: a JSON object, or a form (a field given more than once: the list of its values)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError) as error:  # ValueError: bad JSON, bad UTF-8, a number of 4300 digits
+            raise unreadable(error) from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object with q, source and target")
+        return body
+    if kind == "application/x-www-form-urlencoded":  # read here, strictly: Starlette turns bad UTF-8 into U+FFFD
+        try:
+            pairs = parse_qsl((await request.body()).decode("utf-8"), keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError as error:
+            raise ApiError(400, f"the form is not valid UTF-8 ({error.reason}): send its text encoded as UTF-8, "
+                                f"then %-escaped") from None
+    elif kind == "multipart/form-data":
+        async with request.form() as form:  # closes what it spooled of file fields
+            pairs = list(form.multi_items())
+    else:
+        raise ApiError(415, f"the body must be JSON or a form: send Content-Type: application/json (or "
+                            f"application/x-www-form-urlencoded), not {kind or 'none'}")
+    grouped: dict[str, list] = {}
+    for key, value in pairs:
+        grouped.setdefault(key, []).append(value)
+    return {key: values if len(values) > 1 else values[0] for key, values in grouped.items()}

@@ -90,6 +90,8 @@ class ServeOptions:
     batching: bool = True  # batch concurrent requests together (off: one request per model call)
     threads: int = 0  # CPU threads of the models' PyTorch work; 0: PyTorch's choice
     compile: bool = False  # torch.compile each model's decoding step, at load
+    client_timeout: float = 30.0  # seconds a request may take to arrive, head and body (mt/servelimits.py)
+    max_connections: int = 1000  # open connections held at once
 
 
 SERVE = ServeOptions()

@@ -4,7 +4,9 @@ The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus); the page at `/`. Concurrent requests are batched together by mt/batcher.py. Limits
 (characters per line, lines per request, queue room, a timeout per request) answer with a status and
-`{"error": ...}`, never by falling over. No endpoint reads a path a request names.
+`{"error": ...}`, never by falling over: mt/servechecks.py judges each request before it is queued,
+mt/serveerrors.py gives every refusal that shape, and mt/servelimits.py drops clients too slow to send their
+requests. No endpoint reads a path a request names.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,7 +23,6 @@ from pathlib import Path
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -31,12 +33,15 @@ from mt.checkpoint import Loaded
 from mt.device import pick_device
 from mt.errors import ApiError, MtError
 from mt.libretranslate import parse, respond
-from mt.lines import read_text
 from mt.options import ServeOptions
 from mt.search import Hypothesis
+from mt.servechecks import check_key, check_lines, header_key
+from mt.serveerrors import add_error_handlers
+from mt.servelimits import protocol
 from mt.servemetrics import CountAnswers, Metrics
 from mt.translate import Options, compiled, encode_lines, load_any, translate_lines
 
+log = logging.getLogger("uvicorn.error")  # uvicorn's own log, formatted as its messages are
 LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "fr": "French"}
 
 
@@ -129,20 +134,6 @@ def create_app(models: dict[str, Served], options: ServeOptions | None = None) -
     return app
 
 
-def add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError):
-        return JSONResponse({"error": error.message}, error.status, headers=error.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError):
-        problems = error.errors()
-        if any(p.get("type") == "json_invalid" for p in problems):
-            return JSONResponse({"error": "the body is not valid JSON"}, 400)
-        where = "; ".join(f"{'.'.join(str(x) for x in p['loc'][1:]) or 'body'}: {p['msg']}" for p in problems)
-        return JSONResponse({"error": where}, 422)
-
-
 def add_info_routes(app: FastAPI) -> None:
     models, metrics = app.state.models, app.state.metrics
 
@@ -216,7 +207,7 @@ async def translate(app: FastAPI, request: Request, served: Served, lines: list[
     """Queue `lines` for `served`'s worker, within the limits; the hypotheses of each line. A request that times
     out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
     options, metrics = app.state.options, app.state.metrics
-    check_limits(lines, options)
+    check_lines(lines, options)
     started = time.perf_counter()
     submitted = asyncio.ensure_future(served.batcher.submit(lines, settings))
     gone = asyncio.ensure_future(disconnected(request))
@@ -234,6 +225,12 @@ async def translate(app: FastAPI, request: Request, served: Served, lines: list[
     except QueueFull:
         raise ApiError(503, f"model {served.name} is busy: its queue is full; retry shortly",
                        {"Retry-After": "1"}) from None
+    except UnicodeError as error:  # check_lines lets no such line through; should one pass, it is still the text's
+        raise ApiError(400, f"the text cannot be translated ({error}): send valid Unicode") from None
+    except Exception:  # the batcher has retried it alone: this request, and only this one, fails
+        log.exception("model %s failed on a request of %d lines", served.name, len(lines))
+        raise ApiError(500, "internal error: the model failed on this request; the server's log has the cause") \
+            from None
     metrics.served(endpoint, served, lines, results, time.perf_counter() - started)
     return results
 
@@ -243,30 +240,6 @@ async def disconnected(request: Request) -> None:
     is the disconnect (uvicorn sends it when the connection is lost or the response has been sent)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def check_limits(lines: list[str], options: ServeOptions) -> None:
-    if len(lines) > options.max_lines:
-        raise ApiError(413, f"{len(lines)} lines in one request; the limit is {options.max_lines} (--max-lines): "
-                            f"send them in several requests")
-    for i, line in enumerate(lines, 1):
-        if len(line) > options.max_chars:
-            raise ApiError(413, f"line {i} has {len(line)} characters; the limit is {options.max_chars} "
-                                f"(--max-chars): split it")
-
-
-def header_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    return auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
-
-
-def check_key(options: ServeOptions, key: str | None) -> None:
-    if not options.api_keys:
-        return
-    if not key:
-        raise ApiError(401, "an API key is needed: send `Authorization: Bearer KEY` (or `api_key` in the body)")
-    if key not in options.api_keys:
-        raise ApiError(403, "this API key is not accepted")
 
 
 def pick(models: dict[str, Served], name: str | None) -> Served:
@@ -347,12 +320,6 @@ def attention_map(served: Served, line: str, hyps: list[Hypothesis]) -> dict:
             hyps[0].tokens), "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
 
 
-def api_keys(keys: list[str], path: Path | None = None) -> frozenset[str]:
-    """The keys given on the command line and those of a keys file, one per line."""
-    from_file = {line.strip() for line in read_text(path) if line.strip()} if path is not None else set()
-    return frozenset(keys) | from_file
-
-
 def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
     """Load the models, then serve until SIGTERM or Ctrl-C (uvicorn answers what is in flight, then exits)."""
     import uvicorn
@@ -361,4 +328,5 @@ def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
     # What loading left (the models, compiled code) lives as long as the server: out of the garbage collector's
     # full passes, which walk every object and would stall requests (about 0.1 s a pass, 0.5 s with --compile).
     gc.freeze()
-    uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30)
+    uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30,
+                http=protocol(options))

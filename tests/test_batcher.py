@@ -90,3 +90,40 @@ def test_a_request_whose_caller_gave_up_makes_room_in_a_full_queue():
     busy, kept = asyncio.run(go())
     batcher.stop()
     assert busy == [[Hypothesis([1], 0.0, 0.0)]] and kept == [[Hypothesis([4], 0.0, 0.0)]]
+
+
+def test_a_request_the_model_cannot_translate_fails_alone_and_those_batched_beside_it_are_answered():
+    release, calls = threading.Event(), []
+
+    def translate(lines, settings):
+        release.wait(10)
+        calls.append(list(lines))
+        if "bad" in lines:
+            raise ValueError("the model cannot take this line")
+        return [[Hypothesis([len(line)], 0.0, 0.0)] for line in lines]
+
+    batcher = Batcher(lambda: translate)
+    sizes = []
+    batcher.stats.on_call = lambda requests, lines: sizes.append((requests, lines))
+
+    async def go():
+        first = asyncio.ensure_future(batcher.submit(["a"], (5, 1.0, 1)))
+        for _ in range(500):  # until the worker holds "a" in its call: the rest queue up behind it
+            await asyncio.sleep(0.01)
+            if not batcher.depth:
+                break
+        rest = [asyncio.ensure_future(batcher.submit(lines, (5, 1.0, 1))) for lines in (["bb"], ["bad"], ["cccc"])]
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if batcher.depth == 3:
+                break
+        release.set()
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    first, good, bad, other = asyncio.run(go())
+    batcher.stop()
+    assert first == [[Hypothesis([1], 0.0, 0.0)]]
+    assert good == [[Hypothesis([2], 0.0, 0.0)]] and other == [[Hypothesis([4], 0.0, 0.0)]]
+    assert isinstance(bad, ValueError)
+    assert calls == [["a"], ["bb", "bad", "cccc"], ["bb"], ["bad"], ["cccc"]]  # the failed call, retried one by one
+    assert sizes == [(1, 1), (1, 1), (1, 1)]  # /metrics counts the calls that answered

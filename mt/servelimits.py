@@ -1,0 +1,104 @@
+"""The connection limits of `mt serve`, beneath the app: how long a client may take to send a request, and how many
+connections the server holds at once.
+
+uvicorn bounds the idle time between a connection's requests (`timeout_keep_alive`, 5 s) and the size of a
+request's head (h11's 16 KiB), but not the time a request takes to arrive: a client that sends its head or its
+body a byte at a time holds its connection for ever, and a few hundred such clients hold the server (ASGI
+middleware cannot help with the head: the app is called only once the head is in). So each connection here runs
+uvicorn's h11 protocol with a deadline: a request must arrive whole, head and body, within `client_timeout` of
+its first byte, or of the connection's opening for its first request. A client past it is answered 408 when its
+head is incomplete, and its connection closed either way (the app, reading the body, sees the client gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import http
+import json
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from mt.options import ServeOptions
+
+
+def protocol(options: ServeOptions) -> functools.partial:
+    """What uvicorn builds each connection with (its `http` setting)."""
+    return functools.partial(Deadlined, client_timeout=options.client_timeout,
+                             max_connections=options.max_connections)
+
+
+class Deadlined(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on each request's arrival and a cap on open connections; what
+    it refuses itself is answered `{"error": ...}` as the app's refusals are."""
+
+    def __init__(self, config, server_state, app_state, _loop=None, *, client_timeout: float, max_connections: int):
+        super().__init__(config, server_state, app_state, _loop)
+        self.client_timeout, self.max_connections = client_timeout, max_connections
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:  # this one included
+            self.refuse(503, f"the server holds {self.max_connections} connections, its limit (--max-connections): "
+                             f"retry shortly", [(b"retry-after", b"1")])
+            return
+        self.deadline = self.loop.call_later(self.client_timeout, self.expire)  # one that sends nothing goes too
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.watch()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.watch()  # a pipelined request may be on its way already
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm()
+        super().connection_lost(exc)
+
+    def watch(self) -> None:
+        """Arm the deadline while a request is on its way (its first bytes are in, its last are not); disarm it
+        once the request is in, so that translating it and answering take what time they take."""
+        their, (buffered, _) = self.conn.their_state, self.conn.trailing_data
+        if their is h11.SEND_BODY or (their is h11.IDLE and buffered):
+            if self.deadline is None:
+                self.deadline = self.loop.call_later(self.client_timeout, self.expire)
+        elif their is not h11.IDLE:
+            self.disarm()
+
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def expire(self) -> None:
+        self.deadline = None
+        if self.transport.is_closing():
+            return
+        who = f"{self.client[0]}:{self.client[1]} - " if self.client else ""  # as uvicorn prefixes its lines
+        self.logger.warning("%sdropped: the request did not arrive within %g s (--client-timeout)", who,
+                            self.client_timeout)
+        if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:  # no head yet: nothing answered
+            self.refuse(408, f"the request did not arrive within {self.client_timeout:g} s (--client-timeout): "
+                             f"send it whole, at once")
+        else:
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:  # uvicorn's answer to a head h11 cannot parse
+        self.refuse(400, "the request is not valid HTTP/1.1, or its head is over 16 KiB: send a valid request")
+
+    def refuse(self, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+        """Answer `status` and `{"error": message}` from here, then close the connection."""
+        self.disarm()
+        body = json.dumps({"error": message}).encode()
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"), *headers]
+        try:
+            for event in (h11.Response(status_code=status, headers=head, reason=http.HTTPStatus(status).phrase),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # h11's state forbids an answer now: closing says enough
+            pass
+        self.transport.close()
