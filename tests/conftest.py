@@ -1,10 +1,17 @@
 """Shared fixtures: tiny models and the real Multi30k mirror (tests that need it skip where it is absent)."""
 
+import os
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+# torch.compile's kernel cache, one per instruction set: kernels that a run under ATEN_CPU_CAPABILITY=avx2 cached
+# in the shared cache crashed the next native run (make test runs both).
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-tests-inductor" /
+                                            torch.backends.cpu.get_cpu_capability())
 
 from mt.config import ModelConfig
 from mt.model import Transformer
