@@ -10,6 +10,8 @@ import torch
 
 # torch.compile's kernel cache, one per instruction set: kernels that a run under ATEN_CPU_CAPABILITY=avx2 cached
 # in the shared cache crashed the next native run (make test runs both).
+if os.environ.get("PYTEST_XDIST_WORKER"):  # make test runs a worker per core: one thread each, not one per core each
+    torch.set_num_threads(1)
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-tests-inductor" /
                                             torch.backends.cpu.get_cpu_capability())
 
