@@ -21,6 +21,8 @@ from mt.train import train
 
 from .conftest import prepare_corpus
 
+pytestmark = pytest.mark.numerics
+
 ROOT = Path(__file__).resolve().parents[1]
 needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available")

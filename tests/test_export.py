@@ -16,6 +16,8 @@ from mt.tokenizer import BOS, EOS, PAD
 
 from .conftest import assert_refused, train_tiny
 
+pytestmark = pytest.mark.numerics
+
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 MAX_OUTPUT = 30  # one output limit for every engine; the trained model ends its outputs well before it

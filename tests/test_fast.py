@@ -30,6 +30,8 @@ from mt.translate import Options, compiled, translate_lines
 from .conftest import tiny_model
 from .test_linear import force_cpu_matmul
 
+pytestmark = pytest.mark.numerics
+
 
 def assert_close(ours: torch.Tensor, theirs: torch.Tensor, bf16_error: float = 0.0) -> None:
     """fp32: torch.testing.assert_close (its defaults: rtol 1.3e-6, atol 1e-5). bf16 keeps 8

@@ -13,6 +13,8 @@ from mt.tokenizer import BOS
 
 from .conftest import tiny_model
 
+pytestmark = pytest.mark.numerics
+
 onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
 
 

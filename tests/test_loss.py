@@ -11,6 +11,8 @@ from mt.tokenizer import PAD
 
 from .test_linear import force_cpu_matmul
 
+pytestmark = pytest.mark.numerics
+
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
 def test_matches_pytorch_cross_entropy_in_value_and_gradient(smoothing):

@@ -129,6 +129,7 @@ def as_written_by_earlier_versions(path, ema: float = 0.0) -> None:
     checkpoint.save(state, path)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("written_by", ["this version", "earlier versions", "this version, word dropout",
                                         "this version, both ways"])
 def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, written_by):
@@ -291,6 +292,7 @@ def logged_step(run: Path) -> int:
         return 0
 
 
+@pytest.mark.numerics
 def test_a_run_killed_mid_interval_resumes_to_the_same_weights(data, straight, tmp_path):
     run = tmp_path / "killed"
     process = start_training(one_thread_config(data, max_steps=60, keep_checkpoints=100), run, tmp_path)
