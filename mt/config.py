@@ -8,6 +8,7 @@ allowed. The resolved config is stored in every checkpoint and rebuilds the mode
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,25 +123,53 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-# Keys that earlier versions wrote, and why they went: a stored config (checkpoint, run's config.yaml) holding
-# one still loads, without it; a config file that turns one on is an error that says what to do instead.
-RETIRED = {"train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`"}
+# Keys that earlier versions wrote, and why they went: a stored config (a checkpoint's, a run's config.yaml) holding
+# one still loads without it, with a note on stderr where it was on (`note_retired`); a config file or --set that
+# turns one on is an error that says so.
+RETIRED = {
+    "train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`",
+}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file at `path`, then each `key=value` override (`train.lr=1e-3`)."""
     raw: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise MtError(f"{path}: config file not found")
-        raw = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
-        if not isinstance(raw, dict):
-            raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
-        for key, value in flatten(raw).items():
-            if key in RETIRED and value:
-                raise MtError(f"{path}: {key}={value}: {RETIRED[key]}; delete the key")
+        raw = read_config_file(Path(path))
+        refuse_retired(flatten(raw), str(path))
     return apply_overrides(from_dict(raw), overrides)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The nested dict a YAML config file holds."""
+    if not path.is_file():
+        raise MtError(f"{path}: config file not found")
+    raw = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
+    if not isinstance(raw, dict):
+        raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+    return raw
+
+
+def refuse_retired(flat: dict[str, Any], where: str) -> None:
+    """A config that someone writes (a file, --set) may not turn a retired key on: the run would not do what it says.
+    Off, the key is harmless and left out."""
+    for key, value in flat.items():
+        if key in RETIRED and value:
+            raise MtError(f"{where}: {key}={value}: {RETIRED[key]}; delete the key")
+
+
+_noted: set[str] = set()  # the settings `note_retired` has named: a run's files, read several times, say it once
+
+
+def note_retired(raw: dict[str, Any], source: str | Path) -> None:
+    """One line on stderr, once, for each retired key that `raw`, a stored config read from `source`, had turned
+    on: a checkpoint or run from an earlier version still loads, and says what it no longer does."""
+    for key, value in flatten(raw).items():
+        setting = f"{key}={value}"
+        if key in RETIRED and value and setting not in _noted:
+            _noted.add(setting)
+            print(f"note: {setting} in {source} is no longer a setting of mt ({RETIRED[key]}); ignored",
+                  file=sys.stderr)
 
 
 def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
@@ -155,7 +184,9 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
                                         "train.shared", "train.rerank")):
                 raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds, trunk and "
                               "reranker")
-        return load_config(Path(out_dir) / "config.yaml", overrides)
+        raw = read_config_file(Path(out_dir) / "config.yaml")
+        note_retired(raw, Path(out_dir) / "config.yaml")
+        return apply_overrides(from_dict(raw), overrides)
     last_path = Path(out_dir) / checkpoint.LAST
     if not last_path.is_file() and not checkpoint.numbered(out_dir):
         raise MtError(f"{last_path}: nothing to resume; drop --resume to start a new run")
@@ -171,7 +202,10 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, sep, value = item.partition("=")
         if not sep:
             raise MtError(f"--set {item!r}: expected key=value, e.g. train.lr=0.001")
-        set_value(cfg, key.strip(), read_yaml(value, f"--set {item}") if value.strip() else "")
+        key, value = key.strip(), read_yaml(value, f"--set {item}") if value.strip() else ""
+        refuse_retired({key: value}, "--set")
+        if key not in RETIRED:
+            set_value(cfg, key, value)
     validate(cfg)
     return cfg
 

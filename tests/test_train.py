@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+import mt.config
 import mt.model
 import mt.train
 from mt import checkpoint
@@ -147,9 +148,10 @@ def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, written_by):
     assert a["train"]["position"] == b["train"]["position"] | {"elapsed": a["train"]["position"]["elapsed"]}
 
 
-def test_a_run_that_kept_a_moving_average_goes_on_from_its_raw_weights(prepared, tmp_path, capsys):
+def test_a_run_that_kept_a_moving_average_goes_on_from_its_raw_weights(prepared, tmp_path, capsys, monkeypatch):
     # train.ema is gone; a run written with it resumes from the raw weights, and its best score (the average's)
     # no longer counts.
+    monkeypatch.setattr(mt.config, "_noted", set())
     train_run(small_config(prepared, max_steps=30), tmp_path / "straight")
     train_run(small_config(prepared, max_steps=20), tmp_path / "resumed")
     as_written_by_earlier_versions(tmp_path / "resumed" / "last.pt", ema=0.9)
@@ -157,8 +159,9 @@ def test_a_run_that_kept_a_moving_average_goes_on_from_its_raw_weights(prepared,
     train_run(cfg, tmp_path / "resumed", resume=True)
     assert_same_weights(checkpoint.load(tmp_path / "straight" / "last.pt")["model"],
                         checkpoint.load(tmp_path / "resumed" / "last.pt")["model"])
-    [note] = [line for line in capsys.readouterr().err.splitlines() if "train.ema" in line]
-    assert note.startswith("note: ") and "validation and best.pt start afresh from step 20" in note
+    ignored, resumed = [line for line in capsys.readouterr().err.splitlines() if "train.ema" in line]
+    assert ignored.startswith("note: train.ema=0.9 in ") and ignored.endswith("; ignored")  # said once
+    assert resumed.startswith("note: ") and "validation and best.pt start afresh from step 20" in resumed
     assert checkpoint.load(tmp_path / "resumed" / "best.pt")["step"] == 30  # step 30 is compared with nothing
 
 
