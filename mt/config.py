@@ -55,9 +55,6 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
-    # R-Drop's alpha (Liang et al. 2021): each batch runs twice, under different dropout masks, and the loss adds
-    # alpha times the symmetric KL divergence between the two passes' outputs (a step costs about twice); 0: off
-    rdrop: float = 0.0
     # Word dropout: each source and decoder-input piece becomes UNK with this probability (mt/data.py); 0: off
     word_dropout: float = 0.0
     # Bidirectional training (BiT, Ding et al. 2021): the first N epochs read each pair both ways, source to target
@@ -128,6 +125,7 @@ class Config:
 # turns one on is an error that says so.
 RETIRED = {
     "train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`",
+    "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see docs/results.md",
 }
 
 
@@ -292,7 +290,7 @@ def validate(cfg: Config) -> None:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
     at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0, "train.members": 1,
                 "train.both_ways_epochs": 0, "train.member_min_steps": 0, "train.max_minutes": 0,
-                "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
+                "train.weight_decay": 0, "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0, "decode.rerank_weight": 0,
                 "decode.channel_weight": 0}
