@@ -55,8 +55,6 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
-    # Word dropout: each source and decoder-input piece becomes UNK with this probability (mt/data.py); 0: off
-    word_dropout: float = 0.0
     # Bidirectional training (BiT, Ding et al. 2021): the first N epochs read each pair both ways, source to target
     # and target to source (epochs twice as long), then as written; needs a joint vocabulary. 0: off
     both_ways_epochs: int = 0
@@ -126,6 +124,7 @@ class Config:
 RETIRED = {
     "train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`",
     "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see docs/results.md",
+    "train.word_dropout": "word dropout was dropped: no gain on Multi30k; see docs/results.md",
 }
 
 
@@ -284,7 +283,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
-                 "train.word_dropout", "train.cooldown", "train.shared", "train.beta1", "train.beta2")
+                 "train.cooldown", "train.shared", "train.beta1", "train.beta2")
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")

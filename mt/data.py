@@ -24,7 +24,7 @@ from torch import Tensor
 from mt.config import Config
 from mt.errors import MtError
 from mt.ids import Split
-from mt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from mt.tokenizer import BOS, EOS, PAD, Tokenizer
 
 
 def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | BothWays]:
@@ -238,15 +238,6 @@ def shift_targets(tgts: list[np.ndarray | list[int]]) -> tuple[Tensor, Tensor]:
     return tgt_in, tgt_out
 
 
-def word_dropout(batch: Batch, p: float, rng: np.random.Generator) -> Batch:
-    """Sennrich and Zhang's regularizer for small corpora: each piece of the source and of the decoder's input
-    (not BOS, EOS or padding) becomes UNK with probability p, so the model cannot lean on any one word. What it
-    must predict is left as it is."""
-    def drop(ids: Tensor) -> Tensor:
-        return ids.masked_fill(torch.from_numpy(rng.random(ids.shape) < p) & (ids > EOS), UNK)
-    return Batch(drop(batch.src), drop(batch.tgt_in), batch.tgt_out, batch.n_tgt_tokens)
-
-
 def epoch_batches(split: Split, max_tokens: int, max_len: int, seed: int, epoch: int) -> list[np.ndarray]:
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run sees the same."""
     cost = np.minimum(np.maximum(split.src_lens + 1, split.tgt_lens + 1), max_len)
@@ -281,11 +272,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
         while batch + per_step <= len(batches):
             mine = batches[batch + rank:batch + per_step:world]
             n_tokens = sum(target_tokens(tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
-            collated = [collate(split, idx, max_len) for idx in mine]
-            if train_cfg.word_dropout > 0:  # seeded by the data position, as the batches: a resume draws the same
-                rng = np.random.default_rng([train_cfg.seed, epoch, batch, rank])
-                collated = [word_dropout(b, train_cfg.word_dropout, rng) for b in collated]
-            yield StepBatches(epoch, batch, collated, n_tokens)
+            yield StepBatches(epoch, batch, [collate(split, idx, max_len) for idx in mine], n_tokens)
             batch += per_step
         epoch, batch = epoch + 1, 0
 

@@ -17,11 +17,10 @@ from mt.data import (
     step_batches,
     target_tokens,
     train_splits,
-    word_dropout,
 )
 from mt.errors import MtError
 from mt.ids import Split
-from mt.tokenizer import BOS, EOS, PAD, UNK
+from mt.tokenizer import BOS, EOS, PAD
 
 from .conftest import prepare_corpus
 
@@ -126,32 +125,6 @@ def test_target_tokens_are_counted_from_the_lengths_as_collate_counts_them(prepa
     for max_len in (32, 6):  # 6: most targets are cut to fit
         for indices in np.array_split(np.arange(len(split)), 20):
             assert target_tokens(split.tgt_lens, indices, max_len) == collate(split, indices, max_len).n_tgt_tokens
-
-
-def test_word_dropout_hides_source_and_input_pieces_but_never_specials_or_what_is_predicted(prepared):
-    split = Split(prepared, "train")
-    clean = collate(split, np.arange(len(split)), 32)
-    noisy = word_dropout(clean, 0.25, np.random.default_rng(0))
-    assert torch.equal(noisy.tgt_out, clean.tgt_out) and noisy.n_tgt_tokens == clean.n_tgt_tokens
-    for before, after in ((clean.src, noisy.src), (clean.tgt_in, noisy.tgt_in)):
-        pieces = before > EOS
-        assert torch.equal(after[~pieces], before[~pieces])  # padding, BOS and EOS stay
-        changed = after != before
-        assert bool((after[changed] == UNK).all()) and not bool(changed[~pieces].any())
-        assert 0.23 < float(changed[pieces].float().mean()) < 0.27
-
-
-def test_word_dropout_is_drawn_from_the_data_position(prepared):
-    split, cfg = Split(prepared, "train"), step_config(accumulate=1)
-    clean = list(itertools.islice(step_batches([split], cfg, 0, 0, world=1, rank=0), 6))
-    cfg.train.word_dropout = 0.3
-    noisy = list(itertools.islice(step_batches([split], cfg, 0, 0, world=1, rank=0), 6))
-    resumed = next(step_batches([split], cfg, noisy[4].epoch, noisy[4].batch, world=1, rank=0))
-    assert torch.equal(resumed.batches[0].src, noisy[4].batches[0].src)
-    assert torch.equal(resumed.batches[0].tgt_in, noisy[4].batches[0].tgt_in)
-    for a, b in zip(clean, noisy, strict=True):
-        changed = a.batches[0].src != b.batches[0].src
-        assert bool(changed.any()) and bool((b.batches[0].src[changed] == UNK).all())
 
 
 def test_both_ways_epochs_read_each_pair_also_swapped_then_as_written(prepared):
