@@ -55,9 +55,6 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
-    # Bidirectional training (BiT, Ding et al. 2021): the first N epochs read each pair both ways, source to target
-    # and target to source (epochs twice as long), then as written; needs a joint vocabulary. 0: off
-    both_ways_epochs: int = 0
     # One model for both directions: every epoch reads each pair both ways, each source led by the tag of the
     # language it is to be translated into (>>de<<); needs data prepared with `mt prepare --two-way`
     two_way: bool = False
@@ -125,6 +122,7 @@ RETIRED = {
     "train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`",
     "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see docs/results.md",
     "train.word_dropout": "word dropout was dropped: no gain on Multi30k; see docs/results.md",
+    "train.both_ways_epochs": "bidirectional training (BiT) was dropped: no gain on Multi30k; see docs/results.md",
 }
 
 
@@ -288,8 +286,8 @@ def validate(cfg: Config) -> None:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
     at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0, "train.members": 1,
-                "train.both_ways_epochs": 0, "train.member_min_steps": 0, "train.max_minutes": 0,
-                "train.weight_decay": 0, "train.clip_norm": 0, "train.threads": 0,
+                "train.member_min_steps": 0, "train.max_minutes": 0, "train.weight_decay": 0,
+                "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0, "decode.rerank_weight": 0,
                 "decode.channel_weight": 0}
@@ -307,10 +305,6 @@ def validate(cfg: Config) -> None:
     if cfg.train.member_min_steps and cfg.train.shared:
         raise MtError(f"train.member_min_steps={cfg.train.member_min_steps} chooses between members and one model; "
                       "members that share a trunk (train.shared) cannot become one: set one of them to 0")
-    if cfg.train.two_way and cfg.train.both_ways_epochs:
-        raise MtError(f"train.two_way reads every epoch both ways, with tags; train.both_ways_epochs="
-                      f"{cfg.train.both_ways_epochs} (the first epochs both ways, untagged) goes with one-way runs: "
-                      "set it to 0")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

@@ -148,7 +148,7 @@ def median(values: list[float]) -> float | None:
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
     """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
-    split = epoch_split(train_splits(data_dir, cfg.train.two_way), position["epoch"], cfg.train.both_ways_epochs)
+    split = epoch_split(train_splits(data_dir, cfg.train.two_way), position["epoch"])
     batches = epoch_batches(split, cfg.train.max_tokens, cfg.model.max_len, cfg.train.seed, position["epoch"])
     return position["epoch"] + position["batch"] / len(batches)
 

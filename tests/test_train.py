@@ -105,11 +105,10 @@ def as_written_by_earlier_versions(path, ema: float = 0.0) -> None:
     checkpoint.save(state, path)
 
 
-@pytest.mark.parametrize("written_by", ["this version", "earlier versions", "this version, both ways"])
+@pytest.mark.parametrize("written_by", ["this version", "earlier versions"])
 def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, written_by):
-    noise = {"both_ways_epochs": 1} if "both ways" in written_by else {}  # resumes within it, ends past it
-    train_run(small_config(prepared, max_steps=30, **noise), tmp_path / "straight")
-    train_run(small_config(prepared, max_steps=20, **noise), tmp_path / "resumed")
+    train_run(small_config(prepared, max_steps=30), tmp_path / "straight")
+    train_run(small_config(prepared, max_steps=20), tmp_path / "resumed")
     if written_by == "earlier versions":
         as_written_by_earlier_versions(tmp_path / "resumed" / "last.pt")
     train_run(resume_config(tmp_path / "resumed", ["train.max_steps=30"]), tmp_path / "resumed", resume=True)
