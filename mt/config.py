@@ -65,9 +65,6 @@ class TrainConfig:
     # Models trained one after another in the run, as one ensemble (mt/members.py): seeds seed, seed + 1000, ...,
     # each for max_minutes / members; `mt average` averages each and joins them (`mt ensemble`). 1: one model
     members: int = 1
-    # The share of each member's training that the members have in common: a trunk trains that long, then each
-    # member goes on from it with its own seed (data order, dropout) and its own cooldown; 0: independent members
-    shared: float = 0.0
     # With members and a time budget: member 1 trains to where its cooldown would start; if it is on course for
     # fewer steps than this in its share of the time, the run trains one model for the whole budget instead
     # (member 1 goes on), as members that short lose more than their ensemble wins back. 0: always the members
@@ -123,6 +120,7 @@ RETIRED = {
     "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see docs/results.md",
     "train.word_dropout": "word dropout was dropped: no gain on Multi30k; see docs/results.md",
     "train.both_ways_epochs": "bidirectional training (BiT) was dropped: no gain on Multi30k; see docs/results.md",
+    "train.shared": "members that share a trunk were dropped: behind independent members; see docs/results.md",
 }
 
 
@@ -176,8 +174,8 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
     if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
         for item in overrides:
             if item.strip().startswith(("model.", "train.members", "train.member_min_steps", "train.seed",
-                                        "train.shared", "train.rerank")):
-                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds, trunk and "
+                                        "train.rerank")):
+                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds and "
                               "reranker")
         raw = read_config_file(Path(out_dir) / "config.yaml")
         note_retired(raw, Path(out_dir) / "config.yaml")
@@ -281,7 +279,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
-                 "train.cooldown", "train.shared", "train.beta1", "train.beta2")
+                 "train.cooldown", "train.beta1", "train.beta2")
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
@@ -296,15 +294,9 @@ def validate(cfg: Config) -> None:
             raise MtError(f"{key}={flat[key]}: must be at least {least}")
     if not 0 <= cfg.decode.len_penalty <= 10:  # GNMT's alpha: 0 to 2 in practice; far beyond it overflows
         raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
-    if cfg.train.shared and cfg.train.members < 2:
-        raise MtError(f"train.shared={cfg.train.shared}: the members share a trunk; set train.members to 2 or more")
-    if cfg.train.rerank and (cfg.train.members < 2 or cfg.train.shared or cfg.model.right_to_left):
+    if cfg.train.rerank and (cfg.train.members < 2 or cfg.model.right_to_left):
         raise MtError("train.rerank trains the last member right to left, to rerank the others' beam: it needs "
-                      "train.members of 2 or more, no shared trunk (train.shared: 0) and a left-to-right "
-                      "model (model.right_to_left: false)")
-    if cfg.train.member_min_steps and cfg.train.shared:
-        raise MtError(f"train.member_min_steps={cfg.train.member_min_steps} chooses between members and one model; "
-                      "members that share a trunk (train.shared) cannot become one: set one of them to 0")
+                      "train.members of 2 or more and a left-to-right model (model.right_to_left: false)")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

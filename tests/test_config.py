@@ -55,7 +55,7 @@ def test_heads_must_divide_d_model():
 
 
 @pytest.mark.parametrize("key, on", [("train.ema", 0.999), ("train.rdrop", 1.0), ("train.word_dropout", 0.1),
-                                     ("train.both_ways_epochs", 9)])
+                                     ("train.both_ways_epochs", 9), ("train.shared", 0.5)])
 def test_a_stored_config_with_a_retired_key_still_loads_but_a_file_or_set_cannot_turn_it_on(tmp_path, key, on):
     section, name = key.split(".")
     stored = to_dict(load_config(None, ["train.lr=5e-4"]))
