@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from mt.config import Config, from_dict
+from mt.config import Config, from_dict, note_retired
 from mt.errors import MtError, cannot_write
 from mt.fast import for_inference
 from mt.model import Transformer, count_parameters
@@ -215,6 +215,7 @@ def load(path: str | Path) -> dict[str, Any]:
         raise MtError(f"{path}: not a readable mt checkpoint ({_why(e)})") from None
     if not isinstance(state, dict) or not {"config", "spm"} <= state.keys() or not state.keys() & {"model", "members"}:
         raise MtError(f"{path}: not an mt checkpoint (no model/config/spm entries)")
+    note_retired(state["config"], path)
     return state
 
 

@@ -8,6 +8,7 @@ allowed. The resolved config is stored in every checkpoint and rebuilds the mode
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,14 +55,6 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
-    # R-Drop's alpha (Liang et al. 2021): each batch runs twice, under different dropout masks, and the loss adds
-    # alpha times the symmetric KL divergence between the two passes' outputs (a step costs about twice); 0: off
-    rdrop: float = 0.0
-    # Word dropout: each source and decoder-input piece becomes UNK with this probability (mt/data.py); 0: off
-    word_dropout: float = 0.0
-    # Bidirectional training (BiT, Ding et al. 2021): the first N epochs read each pair both ways, source to target
-    # and target to source (epochs twice as long), then as written; needs a joint vocabulary. 0: off
-    both_ways_epochs: int = 0
     # One model for both directions: every epoch reads each pair both ways, each source led by the tag of the
     # language it is to be translated into (>>de<<); needs data prepared with `mt prepare --two-way`
     two_way: bool = False
@@ -72,9 +65,6 @@ class TrainConfig:
     # Models trained one after another in the run, as one ensemble (mt/members.py): seeds seed, seed + 1000, ...,
     # each for max_minutes / members; `mt average` averages each and joins them (`mt ensemble`). 1: one model
     members: int = 1
-    # The share of each member's training that the members have in common: a trunk trains that long, then each
-    # member goes on from it with its own seed (data order, dropout) and its own cooldown; 0: independent members
-    shared: float = 0.0
     # With members and a time budget: member 1 trains to where its cooldown would start; if it is on course for
     # fewer steps than this in its share of the time, the run trains one model for the whole budget instead
     # (member 1 goes on), as members that short lose more than their ensemble wins back. 0: always the members
@@ -122,25 +112,57 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-# Keys that earlier versions wrote, and why they went: a stored config (checkpoint, run's config.yaml) holding
-# one still loads, without it; a config file that turns one on is an error that says what to do instead.
-RETIRED = {"train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`"}
+# Keys that earlier versions wrote, and why they went: a stored config (a checkpoint's, a run's config.yaml) holding
+# one still loads without it, with a note on stderr where it was on (`note_retired`); a config file or --set that
+# turns one on is an error that says so.
+RETIRED = {
+    "train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`",
+    "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see docs/results.md",
+    "train.word_dropout": "word dropout was dropped: no gain on Multi30k; see docs/results.md",
+    "train.both_ways_epochs": "bidirectional training (BiT) was dropped: no gain on Multi30k; see docs/results.md",
+    "train.shared": "members that share a trunk were dropped: behind independent members; see docs/results.md",
+}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file at `path`, then each `key=value` override (`train.lr=1e-3`)."""
     raw: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise MtError(f"{path}: config file not found")
-        raw = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
-        if not isinstance(raw, dict):
-            raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
-        for key, value in flatten(raw).items():
-            if key in RETIRED and value:
-                raise MtError(f"{path}: {key}={value}: {RETIRED[key]}; delete the key")
+        raw = read_config_file(Path(path))
+        refuse_retired(flatten(raw), str(path))
     return apply_overrides(from_dict(raw), overrides)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The nested dict a YAML config file holds."""
+    if not path.is_file():
+        raise MtError(f"{path}: config file not found")
+    raw = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
+    if not isinstance(raw, dict):
+        raise MtError(f"{path}: expected a mapping of sections (data, model, train, decode)")
+    return raw
+
+
+def refuse_retired(flat: dict[str, Any], where: str) -> None:
+    """A config that someone writes (a file, --set) may not turn a retired key on: the run would not do what it says.
+    Off, the key is harmless and left out."""
+    for key, value in flat.items():
+        if key in RETIRED and value:
+            raise MtError(f"{where}: {key}={value}: {RETIRED[key]}; delete the key")
+
+
+_noted: set[str] = set()  # the settings `note_retired` has named: a run's files, read several times, say it once
+
+
+def note_retired(raw: dict[str, Any], source: str | Path) -> None:
+    """One line on stderr, once, for each retired key that `raw`, a stored config read from `source`, had turned
+    on: a checkpoint or run from an earlier version still loads, and says what it no longer does."""
+    for key, value in flatten(raw).items():
+        setting = f"{key}={value}"
+        if key in RETIRED and value and setting not in _noted:
+            _noted.add(setting)
+            print(f"note: {setting} in {source} is no longer a setting of mt ({RETIRED[key]}); ignored",
+                  file=sys.stderr)
 
 
 def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
@@ -152,10 +174,12 @@ def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
     if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
         for item in overrides:
             if item.strip().startswith(("model.", "train.members", "train.member_min_steps", "train.seed",
-                                        "train.shared", "train.rerank")):
-                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds, trunk and "
+                                        "train.rerank")):
+                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds and "
                               "reranker")
-        return load_config(Path(out_dir) / "config.yaml", overrides)
+        raw = read_config_file(Path(out_dir) / "config.yaml")
+        note_retired(raw, Path(out_dir) / "config.yaml")
+        return apply_overrides(from_dict(raw), overrides)
     last_path = Path(out_dir) / checkpoint.LAST
     if not last_path.is_file() and not checkpoint.numbered(out_dir):
         raise MtError(f"{last_path}: nothing to resume; drop --resume to start a new run")
@@ -171,7 +195,10 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, sep, value = item.partition("=")
         if not sep:
             raise MtError(f"--set {item!r}: expected key=value, e.g. train.lr=0.001")
-        set_value(cfg, key.strip(), read_yaml(value, f"--set {item}") if value.strip() else "")
+        key, value = key.strip(), read_yaml(value, f"--set {item}") if value.strip() else ""
+        refuse_retired({key: value}, "--set")
+        if key not in RETIRED:
+            set_value(cfg, key, value)
     validate(cfg)
     return cfg
 
@@ -252,13 +279,13 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_heads:
         raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
-                 "train.word_dropout", "train.cooldown", "train.shared", "train.beta1", "train.beta2")
+                 "train.cooldown", "train.beta1", "train.beta2")
     for key in fractions:
         if not 0.0 <= flat[key] < 1.0:
             raise MtError(f"{key}={flat[key]}: must be in [0, 1)")
     at_least = {"train.keep_checkpoints": 0, "train.max_bad_steps": 1, "train.max_epochs": 0, "train.members": 1,
-                "train.both_ways_epochs": 0, "train.member_min_steps": 0, "train.max_minutes": 0,
-                "train.weight_decay": 0, "train.rdrop": 0, "train.clip_norm": 0, "train.threads": 0,
+                "train.member_min_steps": 0, "train.max_minutes": 0, "train.weight_decay": 0,
+                "train.clip_norm": 0, "train.threads": 0,
                 "train.seed": 0, "model.n_enc_layers": 0, "model.src_vocab_size": 0, "model.tgt_vocab_size": 0,
                 "decode.max_len_a": 0, "decode.max_len_b": 0, "decode.rerank_weight": 0,
                 "decode.channel_weight": 0}
@@ -267,19 +294,9 @@ def validate(cfg: Config) -> None:
             raise MtError(f"{key}={flat[key]}: must be at least {least}")
     if not 0 <= cfg.decode.len_penalty <= 10:  # GNMT's alpha: 0 to 2 in practice; far beyond it overflows
         raise MtError(f"decode.len_penalty={cfg.decode.len_penalty}: must be in [0, 10]")
-    if cfg.train.shared and cfg.train.members < 2:
-        raise MtError(f"train.shared={cfg.train.shared}: the members share a trunk; set train.members to 2 or more")
-    if cfg.train.rerank and (cfg.train.members < 2 or cfg.train.shared or cfg.model.right_to_left):
+    if cfg.train.rerank and (cfg.train.members < 2 or cfg.model.right_to_left):
         raise MtError("train.rerank trains the last member right to left, to rerank the others' beam: it needs "
-                      "train.members of 2 or more, no shared trunk (train.shared: 0) and a left-to-right "
-                      "model (model.right_to_left: false)")
-    if cfg.train.member_min_steps and cfg.train.shared:
-        raise MtError(f"train.member_min_steps={cfg.train.member_min_steps} chooses between members and one model; "
-                      "members that share a trunk (train.shared) cannot become one: set one of them to 0")
-    if cfg.train.two_way and cfg.train.both_ways_epochs:
-        raise MtError(f"train.two_way reads every epoch both ways, with tags; train.both_ways_epochs="
-                      f"{cfg.train.both_ways_epochs} (the first epochs both ways, untagged) goes with one-way runs: "
-                      "set it to 0")
+                      "train.members of 2 or more and a left-to-right model (model.right_to_left: false)")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
 

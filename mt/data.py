@@ -24,7 +24,7 @@ from torch import Tensor
 from mt.config import Config
 from mt.errors import MtError
 from mt.ids import Split
-from mt.tokenizer import BOS, EOS, PAD, UNK, Tokenizer
+from mt.tokenizer import BOS, EOS, PAD, Tokenizer
 
 
 def train_splits(data_dir: str | Path, two_way: bool = False) -> list[Split | BothWays]:
@@ -74,20 +74,19 @@ def turned(data_dir: str | Path, langs: dict | None) -> bool:
 
 
 class BothWays:
-    """A split read both ways, as a `Split`: its pairs as written, then each with source and target swapped.
-    With `tags` (target's, source's), every source is led by the tag of the language it goes to."""
+    """A split read both ways, as a `Split`: its pairs as written, then each with source and target swapped, every
+    source led by the tag of the language it goes to (`tags`: the target's, the source's)."""
 
-    def __init__(self, split: Split, tags: tuple[int, int] | None = None):
+    def __init__(self, split: Split, tags: tuple[int, int]):
         self.split, self.n, self.name = split, len(split), f"{split.name}, both ways"
-        self.lead = [np.array([tag], dtype=split.src_ids.dtype) for tag in tags] if tags else None
+        self.lead = [np.array([tag], dtype=split.src_ids.dtype) for tag in tags]
 
     def __len__(self) -> int:
         return 2 * self.n
 
     @property
     def src_lens(self) -> np.ndarray:
-        extra = 1 if self.lead else 0
-        return np.concatenate([self.split.src_lens, self.split.tgt_lens]) + extra
+        return np.concatenate([self.split.src_lens, self.split.tgt_lens]) + 1
 
     @property
     def tgt_lens(self) -> np.ndarray:
@@ -95,7 +94,7 @@ class BothWays:
 
     def src(self, i: int) -> np.ndarray:
         ids = self.split.src(i) if i < self.n else self.split.tgt(i - self.n)
-        return np.concatenate((self.lead[int(i >= self.n)], ids)) if self.lead else ids
+        return np.concatenate((self.lead[int(i >= self.n)], ids))
 
     def tgt(self, i: int) -> np.ndarray:
         return self.split.tgt(i) if i < self.n else self.split.src(i - self.n)
@@ -133,12 +132,11 @@ class RightToLeft:
         return self.split.tgt(i)[::-1]
 
 
-def epoch_split(splits: list[Split], epoch: int, both_ways_epochs: int = 0, right_to_left: bool = False
+def epoch_split(splits: list[Split | BothWays], epoch: int, right_to_left: bool = False
                 ) -> Split | BothWays | RightToLeft:
-    """The one of `train_splits` that epoch `epoch` reads; read both ways in the first `both_ways_epochs`, and
-    its targets last piece first for a right-to-left model."""
+    """The one of `train_splits` that epoch `epoch` reads, its targets last piece first for a right-to-left
+    model."""
     split = splits[epoch % len(splits)]
-    split = BothWays(split) if epoch < both_ways_epochs else split
     return RightToLeft(split) if right_to_left else split
 
 
@@ -170,9 +168,6 @@ def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) 
                       "with --two-way and without --separate-vocab")
     if cfg.train.two_way:
         tags(cfg.data)  # raises, saying how to prepare the data, where it has none
-    if cfg.train.both_ways_epochs and not joint:
-        raise MtError(f"train.both_ways_epochs={cfg.train.both_ways_epochs} also reads each pair target to "
-                      f"source, which needs one joint vocabulary: prepare {cfg.data} without --separate-vocab")
 
 
 def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
@@ -238,15 +233,6 @@ def shift_targets(tgts: list[np.ndarray | list[int]]) -> tuple[Tensor, Tensor]:
     return tgt_in, tgt_out
 
 
-def word_dropout(batch: Batch, p: float, rng: np.random.Generator) -> Batch:
-    """Sennrich and Zhang's regularizer for small corpora: each piece of the source and of the decoder's input
-    (not BOS, EOS or padding) becomes UNK with probability p, so the model cannot lean on any one word. What it
-    must predict is left as it is."""
-    def drop(ids: Tensor) -> Tensor:
-        return ids.masked_fill(torch.from_numpy(rng.random(ids.shape) < p) & (ids > EOS), UNK)
-    return Batch(drop(batch.src), drop(batch.tgt_in), batch.tgt_out, batch.n_tgt_tokens)
-
-
 def epoch_batches(split: Split, max_tokens: int, max_len: int, seed: int, epoch: int) -> list[np.ndarray]:
     """The batches of one training epoch: a pure function of (seed, epoch), so a resumed run sees the same."""
     cost = np.minimum(np.maximum(split.src_lens + 1, split.tgt_lens + 1), max_len)
@@ -271,7 +257,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
     train_cfg, max_len = cfg.train, cfg.model.max_len
     per_step = world * train_cfg.accumulate
     while True:
-        split = epoch_split(splits, epoch, train_cfg.both_ways_epochs, cfg.model.right_to_left)
+        split = epoch_split(splits, epoch, cfg.model.right_to_left)
         tgt_lens = split.tgt_lens  # a property that computes them: once an epoch, not once a batch
         batches = epoch_batches(split, train_cfg.max_tokens, max_len, train_cfg.seed, epoch)
         if len(batches) < per_step:
@@ -281,11 +267,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
         while batch + per_step <= len(batches):
             mine = batches[batch + rank:batch + per_step:world]
             n_tokens = sum(target_tokens(tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
-            collated = [collate(split, idx, max_len) for idx in mine]
-            if train_cfg.word_dropout > 0:  # seeded by the data position, as the batches: a resume draws the same
-                rng = np.random.default_rng([train_cfg.seed, epoch, batch, rank])
-                collated = [word_dropout(b, train_cfg.word_dropout, rng) for b in collated]
-            yield StepBatches(epoch, batch, collated, n_tokens)
+            yield StepBatches(epoch, batch, [collate(split, idx, max_len) for idx in mine], n_tokens)
             batch += per_step
         epoch, batch = epoch + 1, 0
 

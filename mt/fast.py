@@ -11,7 +11,6 @@ Training (`for_training`):
 - `mt.dropout.Dropout`: CPU dropout masks from 16-bit random integers, where `F.dropout` draws them slowly.
 - `cpu_training_attention`: attention in plain matmuls where PyTorch's fused CPU kernel is the slower one.
 - `mt.loss.output_loss`: the output layer and the loss fused, a block of rows at a time, never all the logits.
-- `mt.loss.rdrop_loss`: R-Drop's loss and its gradient in one pass over the logits, a block of rows at a time.
 Decoding (`for_inference`):
 - `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches.
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
@@ -72,7 +71,6 @@ def for_training(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if isinstance(module, Transformer):
             module.output_loss = mt.loss.output_loss
-            module.rdrop_loss = mt.loss.rdrop_loss
     return model
 
 

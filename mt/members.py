@@ -8,12 +8,6 @@ run directory (last.pt, numbered checkpoints, best.pt, log.jsonl). Member i trai
 others. `mt average RUN` averages each member's checkpoints into its `final.pt` and joins those into one ensemble
 checkpoint (mt/ensemble.py); `mt report RUN` adds up the members' training.
 
-With `train.shared: f`, the members have the first f of their training in common: `trunk/`, an ordinary run
-with member 1's seed and no cooldown, trains for f of a member's budget; each member then starts as a copy of
-its last.pt and resumes it (optimizer, schedule and all) with its own seed, so from there on its data order and
-dropout are its own, and its cooldown ends its own budget. Member 1 is the run the trunk would have gone on to
-be. N members then cost f + N * (1 - f) members' time: a member's budget is the run's divided by that.
-
 With `train.member_min_steps: S` and a time budget, member 1 first trains to where its cooldown would begin (until
 there it and one model of the whole budget train alike); if it is on course for fewer than S steps in its share of
 the time, it goes on as one model of the whole budget, and the run's config.yaml says `members: 1` from then on.
@@ -42,7 +36,6 @@ from mt.runlock import writing_into
 from mt.stopping import TrainInterrupted
 
 SEED_STRIDE = 1000  # member i's seed: train.seed + SEED_STRIDE * (i - 1), apart from any other recipe seed's
-TRUNK = "trunk"  # the run directory of the members' shared first part (train.shared)
 _MEMBER = re.compile(r"member-(\d+)")
 
 
@@ -56,18 +49,17 @@ def member_dirs(run_dir: str | Path) -> list[Path]:
 def member_config(cfg: Config, i: int) -> Config:
     """The config member `i` (1-based) trains with: its seed, its share of the time, one model."""
     member = copy.deepcopy(cfg)
-    member.train.members, member.train.shared, member.train.member_min_steps = 1, 0.0, 0
+    member.train.members, member.train.member_min_steps = 1, 0
     member.train.seed = cfg.train.seed + SEED_STRIDE * (i - 1)
-    member.train.max_minutes = cfg.train.max_minutes / (cfg.train.shared + cfg.train.members * (1 - cfg.train.shared))
+    member.train.max_minutes = cfg.train.max_minutes / cfg.train.members
     member.train.rerank = False
     member.model.right_to_left = cfg.train.rerank and i == cfg.train.members  # the reranker (mt/rerank.py)
     return member
 
 
 def first_part(cfg: Config, share: float) -> Config:
-    """Member 1's config for the first `share` of its budget (time, steps, epochs) with no cooldown: the members'
-    shared trunk (`train.shared`; each member cools down at the end of its own budget), or member 1 up to where
-    its cooldown would begin (`train.member_min_steps`)."""
+    """Member 1's config for the first `share` of its budget (time, steps, epochs) with no cooldown: member 1 up
+    to where its cooldown would begin (`train.member_min_steps`)."""
     part = member_config(cfg, 1)
     part.train.max_minutes *= share
     part.train.max_steps = max(1, round(share * part.train.max_steps))
@@ -94,11 +86,7 @@ def train_members(cfg: Config, out_dir: Path, resume: bool, train_one: Callable[
                                      out_dir, **options)
             cfg = decide_members(cfg, probed, out_dir)
         directories = [out_dir / f"member-{i}" for i in range(1, cfg.train.members + 1)]
-        if cfg.train.shared and not all(map(started, directories)):
-            train_resumable(train_one, first_part(cfg, cfg.train.shared), out_dir / TRUNK, out_dir, **options)
         for i, directory in enumerate(directories, 1):
-            if cfg.train.shared and not started(directory):
-                branch(out_dir / TRUNK, directory)
             metrics = train_resumable(train_one, member_config(cfg, i), directory, out_dir, **options)
     finally:
         distributed.stop()
@@ -144,14 +132,6 @@ def train_resumable(train_one: Callable[..., dict], cfg: Config, directory: Path
         return train_one(cfg, directory, resume=started(directory), **options)
     except TrainInterrupted as stop:  # the command it prints must continue the whole run, not one member
         raise TrainInterrupted(str(stop).replace(f"--out {directory}", f"--out {out_dir}")) from None
-
-
-def branch(trunk: Path, directory: Path) -> None:
-    """Start a member from the trunk's last.pt (linked by one process; saving replaces the link, not the file)."""
-    if distributed.rank() == 0:
-        directory.mkdir(parents=True, exist_ok=True)
-        checkpoint.link_or_copy(trunk / checkpoint.LAST, directory / checkpoint.LAST)
-    distributed.barrier()
 
 
 def average_members(run_dir: Path, out: Path, average_one: Callable[[Path, Path], tuple[dict, list[dict]]]

@@ -38,18 +38,6 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float
     return F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=smoothing, reduction="sum")
 
 
-def rdrop_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, alpha: float) -> Tensor:
-    """R-Drop's loss (Liang et al. 2021) of two passes of one batch under different dropout: hidden (2N, D), the
-    passes stacked, target (N,). The paper's per-sentence loss, halved so that it counts each target once:
-    the mean of the two passes' `output_loss` plus alpha / 4 * (KL(p1 || p2) + KL(p2 || p1)), summed over the
-    non-padding targets."""
-    logits = F.linear(hidden, weight).float()  # (2N, V)
-    ce = F.cross_entropy(logits, target.repeat(2), ignore_index=PAD, label_smoothing=smoothing, reduction="sum")
-    logp1, logp2 = F.log_softmax(logits, dim=-1).chunk(2)  # (N, V) each
-    kl = ((logp1.exp() - logp2.exp()) * (logp1 - logp2)).sum(-1)  # (N,): the two KL divergences' sum
-    return ce / 2 + alpha / 4 * kl.masked_fill(target == PAD, 0.0).sum()
-
-
 def sinusoids(length: int, d_model: int) -> Tensor:
     """The paper's fixed positional encodings, (length, D)."""
     position = torch.arange(length, dtype=torch.float32)[:, None]
@@ -209,7 +197,6 @@ class Transformer(nn.Module):
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
         self.output_loss = output_loss  # attributes, so that mt.fast can swap in faster kernels
-        self.rdrop_loss = rdrop_loss
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -252,20 +239,14 @@ class Transformer(nn.Module):
             x = layer(x, *layer.cross_attn.memory_kv(memory), src_mask)
         return self.dec_norm(x)
 
-    def forward(self, src: Tensor, tgt: Tensor, target: Tensor | None = None, smoothing: float = 0.0,
-                rdrop: float = 0.0) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, target: Tensor | None = None, smoothing: float = 0.0) -> Tensor:
         """The logits (B, T, V) of teacher-forced decoding; given `target` (B, T), the label-smoothed
-        cross-entropy summed over its non-padding tokens instead (`output_loss`), or with `rdrop` > 0 R-Drop's
-        loss of two passes, its alpha `rdrop` (`rdrop_loss`). Training calls this, so that DDP and torch.compile
-        wrappers see the whole step."""
-        if target is not None and rdrop > 0:
-            src, tgt = src.repeat(2, 1), tgt.repeat(2, 1)  # (2B, S), (2B, T): one pass, two dropout masks
+        cross-entropy summed over its non-padding tokens instead (`output_loss`). Training calls this, so that DDP
+        and torch.compile wrappers see the whole step."""
         memory, src_mask = self.encode(src)
         if target is None:
             return self.decode(tgt, memory, src_mask)
-        h = self.decoder_states(tgt, memory, src_mask).flatten(0, 1)  # (B * T, D), or (2B * T, D)
-        if rdrop > 0:
-            return self.rdrop_loss(h, self.output.weight, target.reshape(-1), smoothing, rdrop)
+        h = self.decoder_states(tgt, memory, src_mask).flatten(0, 1)  # (B * T, D)
         return self.output_loss(h, self.output.weight, target.reshape(-1), smoothing)
 
     def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None,

@@ -24,7 +24,7 @@ from mt.device import pick_device
 from mt.errors import MtError
 from mt.evaluate import score
 from mt.lines import read_text, write_lines
-from mt.members import TRUNK, member_dirs
+from mt.members import member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
 from mt.runlog import read_log
@@ -101,18 +101,15 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
 def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
     """Minutes, steps and epochs of training, from the run's last.pt, and its median target tokens/s over the
     log's intervals; an ensemble run's added up (the speed: over all intervals) over its members, which are listed
-    too (mt/members.py). Members that share a trunk count it once: each lists its own training after it."""
-    trunk = Path(run_dir) / TRUNK
-    start, speeds = trained(trunk, data_dir) if (trunk / checkpoint.LAST).is_file() else (None, [])
-    members = []
+    too (mt/members.py)."""
+    members, speeds = [], []
     for directory in member_dirs(run_dir) or [run_dir]:
-        member, speed = trained(directory, data_dir, start)
+        member, speed = trained(directory, data_dir)
         members.append(member)
         speeds += speed
-    parts = members + ([start] if start else [])
-    total = {key: round(sum(m[key] for m in parts), 1) for key in ("train_minutes", "epochs")}
-    total |= {"steps": sum(m["steps"] for m in parts), "tgt_tokens_per_s": median(speeds)}
-    return total | ({"members": members} if len(members) > 1 else {}) | ({"trunk": start} if start else {})
+    total = {key: round(sum(m[key] for m in members), 1) for key in ("train_minutes", "epochs")}
+    total |= {"steps": sum(m["steps"] for m in members), "tgt_tokens_per_s": median(speeds)}
+    return total | ({"members": members} if len(members) > 1 else {})
 
 
 def channel_training(state: dict[str, Any], minutes: float) -> dict[str, Any]:
@@ -129,16 +126,13 @@ def channel_training(state: dict[str, Any], minutes: float) -> dict[str, Any]:
             "system_train_minutes": round(minutes + channel["train_minutes"], 1)}
 
 
-def trained(directory: Path, data_dir: Path, start: dict | None = None) -> tuple[dict[str, Any], list[float]]:
-    """One model's training, from `directory`'s last.pt, less the trunk's (`start`) it went on from; and the
-    tokens/s of its log's intervals."""
+def trained(directory: Path, data_dir: Path) -> tuple[dict[str, Any], list[float]]:
+    """One model's training, from `directory`'s last.pt, and the tokens/s of its log's intervals."""
     last = checkpoint.load(directory / checkpoint.LAST)
     position, cfg = last["train"]["position"], from_dict(last["config"])
     speeds = [r["tgt_tok_per_s"] for r in read_log(directory / "log.jsonl") if "tgt_tok_per_s" in r]
-    before = start or {"train_minutes": 0, "steps": 0, "epochs": 0}
-    return {"train_minutes": round(position["elapsed"] / 60 - before["train_minutes"], 1),
-            "steps": position["step"] - before["steps"],
-            "epochs": round(epochs_trained(cfg, data_dir, position) - before["epochs"], 1), "seed": cfg.train.seed,
+    return {"train_minutes": round(position["elapsed"] / 60, 1), "steps": position["step"],
+            "epochs": round(epochs_trained(cfg, data_dir, position), 1), "seed": cfg.train.seed,
             "tgt_tokens_per_s": median(speeds)}, speeds
 
 
@@ -148,7 +142,7 @@ def median(values: list[float]) -> float | None:
 
 def epochs_trained(cfg: Config, data_dir: Path, position: dict) -> float:
     """Passes over the training data, fractional: whole epochs plus the share of the current one's batches."""
-    split = epoch_split(train_splits(data_dir, cfg.train.two_way), position["epoch"], cfg.train.both_ways_epochs)
+    split = epoch_split(train_splits(data_dir, cfg.train.two_way), position["epoch"])
     batches = epoch_batches(split, cfg.train.max_tokens, cfg.model.max_len, cfg.train.seed, position["epoch"])
     return position["epoch"] + position["batch"] / len(batches)
 

@@ -331,7 +331,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     for i, batch in enumerate(batches):
         with distributed.sync_gradients(ddp, last=i == len(batches) - 1):
             with autocast(amp_dtype, device):
-                loss = model(batch.src, batch.tgt_in, batch.tgt_out, cfg.train.label_smoothing, cfg.train.rdrop)
+                loss = model(batch.src, batch.tgt_in, batch.tgt_out, cfg.train.label_smoothing)
             # Per target token of the whole step; × world because DDP averages the ranks' gradients.
             scaler.scale(loss * world / n_tokens).backward()
         total += loss.detach()

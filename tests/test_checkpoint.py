@@ -5,10 +5,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import mt.config
 from mt import checkpoint
 from mt.checkpoint import load_model
 from mt.cli import app
-from mt.config import Config, resume_config, to_dict
+from mt.config import RETIRED, Config, resume_config, to_dict
 from mt.errors import MtError
 from mt.train import train
 
@@ -31,6 +32,22 @@ def test_a_checkpoint_is_self_contained(tmp_path, tokenizer):
         torch.testing.assert_close(loaded.model(src, tgt), model(src, tgt))
     assert loaded.src_tok.encode(["the cat"]) == tokenizer.encode(["the cat"])
     assert not loaded.model.training
+
+
+def test_a_checkpoint_with_a_lever_since_dropped_translates_and_says_so_once(tmp_path, tokenizer, monkeypatch, capsys):
+    monkeypatch.setattr(mt.config, "_noted", set())
+    model = tiny_model(vocab=tokenizer.vocab_size)
+    state = state_for(model, tokenizer)
+    state["config"]["train"] |= {"rdrop": 1.0, "word_dropout": 0.0, "both_ways_epochs": 0, "shared": 0.0}  # as written
+    path = tmp_path / "best.pt"
+    checkpoint.save(state, path)
+    result = CliRunner().invoke(app, ["translate", "-c", str(path), "--beam", "2"], input="the cat\nthe dog\n")
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == 2
+    assert result.stderr.splitlines() == [f"note: train.rdrop=1.0 in {path} is no longer a setting of mt "
+                                          f"({RETIRED['train.rdrop']}); ignored"]
+    assert load_model(path).config == Config(model=model.cfg)  # loaded again: not said again
+    assert capsys.readouterr().err == ""
 
 
 def test_a_failed_save_leaves_the_previous_file(tmp_path, tokenizer):

@@ -54,15 +54,18 @@ def test_heads_must_divide_d_model():
         load_config(None, ["model.d_model=100"])
 
 
-def test_a_stored_config_with_a_retired_key_still_loads_but_a_file_cannot_turn_it_on(tmp_path):
+@pytest.mark.parametrize("key, on", [("train.ema", 0.999), ("train.rdrop", 1.0), ("train.word_dropout", 0.1),
+                                     ("train.both_ways_epochs", 9), ("train.shared", 0.5)])
+def test_a_stored_config_with_a_retired_key_still_loads_but_a_file_or_set_cannot_turn_it_on(tmp_path, key, on):
+    section, name = key.split(".")
     stored = to_dict(load_config(None, ["train.lr=5e-4"]))
-    stored["train"]["ema"] = 0.999  # written by an earlier version
+    stored[section][name] = on  # written by an earlier version
     assert from_dict(stored) == load_config(None, ["train.lr=5e-4"])
-    assert load_config(write(tmp_path, "train:\n  ema: 0.0\n")) == load_config()
-    with pytest.raises(MtError, match=r"c.yaml: train.ema=0.999: .*mt average.*delete the key"):
-        load_config(write(tmp_path, "train:\n  ema: 0.999\n"))
-    with pytest.raises(MtError, match="unknown config key 'train.ema'"):
-        load_config(None, ["train.ema=0.999"])
+    assert load_config(write(tmp_path, f"{section}:\n  {name}: 0\n"), [f"{key}=0"]) == load_config()  # off: harmless
+    with pytest.raises(MtError, match=rf"c.yaml: {key}={on}: .*; delete the key"):
+        load_config(write(tmp_path, f"{section}:\n  {name}: {on}\n"))
+    with pytest.raises(MtError, match=rf"--set: {key}={on}: .*; delete the key"):
+        load_config(None, [f"{key}={on}"])
 
 
 def run_with_checkpoint(tmp_path, cfg) -> Path:

@@ -6,22 +6,16 @@ import torch
 
 from mt.config import Config
 from mt.data import (
-    BothWays,
     Prefetch,
     batch_by_tokens,
     collate,
     epoch_batches,
-    epoch_split,
-    fit_vocab,
-    load_tokenizers,
     step_batches,
     target_tokens,
     train_splits,
-    word_dropout,
 )
-from mt.errors import MtError
 from mt.ids import Split
-from mt.tokenizer import BOS, EOS, PAD, UNK
+from mt.tokenizer import BOS, EOS, PAD
 
 from .conftest import prepare_corpus
 
@@ -126,60 +120,6 @@ def test_target_tokens_are_counted_from_the_lengths_as_collate_counts_them(prepa
     for max_len in (32, 6):  # 6: most targets are cut to fit
         for indices in np.array_split(np.arange(len(split)), 20):
             assert target_tokens(split.tgt_lens, indices, max_len) == collate(split, indices, max_len).n_tgt_tokens
-
-
-def test_word_dropout_hides_source_and_input_pieces_but_never_specials_or_what_is_predicted(prepared):
-    split = Split(prepared, "train")
-    clean = collate(split, np.arange(len(split)), 32)
-    noisy = word_dropout(clean, 0.25, np.random.default_rng(0))
-    assert torch.equal(noisy.tgt_out, clean.tgt_out) and noisy.n_tgt_tokens == clean.n_tgt_tokens
-    for before, after in ((clean.src, noisy.src), (clean.tgt_in, noisy.tgt_in)):
-        pieces = before > EOS
-        assert torch.equal(after[~pieces], before[~pieces])  # padding, BOS and EOS stay
-        changed = after != before
-        assert bool((after[changed] == UNK).all()) and not bool(changed[~pieces].any())
-        assert 0.23 < float(changed[pieces].float().mean()) < 0.27
-
-
-def test_word_dropout_is_drawn_from_the_data_position(prepared):
-    split, cfg = Split(prepared, "train"), step_config(accumulate=1)
-    clean = list(itertools.islice(step_batches([split], cfg, 0, 0, world=1, rank=0), 6))
-    cfg.train.word_dropout = 0.3
-    noisy = list(itertools.islice(step_batches([split], cfg, 0, 0, world=1, rank=0), 6))
-    resumed = next(step_batches([split], cfg, noisy[4].epoch, noisy[4].batch, world=1, rank=0))
-    assert torch.equal(resumed.batches[0].src, noisy[4].batches[0].src)
-    assert torch.equal(resumed.batches[0].tgt_in, noisy[4].batches[0].tgt_in)
-    for a, b in zip(clean, noisy, strict=True):
-        changed = a.batches[0].src != b.batches[0].src
-        assert bool(changed.any()) and bool((b.batches[0].src[changed] == UNK).all())
-
-
-def test_both_ways_epochs_read_each_pair_also_swapped_then_as_written(prepared):
-    split = Split(prepared, "train")
-    both = BothWays(split)
-    assert len(both) == 2 * len(split)
-    for i in (0, len(split) - 1):
-        assert np.array_equal(both.src(i), split.src(i)) and np.array_equal(both.tgt(i), split.tgt(i))
-        j = len(split) + i
-        assert np.array_equal(both.src(j), split.tgt(i)) and np.array_equal(both.tgt(j), split.src(i))
-        assert both.src_lens[j] == len(both.src(j)) and both.tgt_lens[j] == len(both.tgt(j))
-    assert [type(epoch_split([split], e, 2)) for e in range(3)] == [BothWays, BothWays, Split]
-    cfg = step_config(accumulate=1)
-    cfg.train.both_ways_epochs = 1
-    rows = {0: 0, 1: 0}
-    for step in step_batches([split], cfg, 0, 0, world=1, rank=0):
-        if step.epoch > 1:
-            break
-        rows[step.epoch] += len(step.batches[0].src)
-    assert rows[0] > 1.8 * rows[1] and rows[1] > 0.8 * len(split)  # an epoch's short tail is left out
-
-
-def test_both_ways_epochs_need_one_joint_vocabulary(prepared):
-    cfg = step_config(accumulate=1)
-    cfg.train.both_ways_epochs = 3
-    src_tok, tgt_tok, _ = load_tokenizers(prepared)
-    with pytest.raises(MtError, match="joint vocabulary.*--separate-vocab"):
-        fit_vocab(cfg, src_tok, tgt_tok, joint=False)
 
 
 def test_prefetch_keeps_the_order_and_raises_the_producers_error():

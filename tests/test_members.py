@@ -81,53 +81,6 @@ def test_average_joins_the_averaged_members_and_report_adds_up_their_training(ru
     assert report["test"]["sentences"] == 12
 
 
-@pytest.fixture(scope="module")
-def shared(data, tmp_path_factory):
-    """Three members sharing the first half of their 12 steps, cooling down over their last quarter."""
-    out = tmp_path_factory.mktemp("shared") / "run"
-    train(small_config(data, max_steps=12, valid_every=6, keep_checkpoints=2, members=3, shared=0.5, cooldown=0.25,
-                       max_minutes=10, seed=3), out, progress=False)
-    return out
-
-
-def test_members_that_share_a_trunk_go_on_from_it_each_with_its_own_seed(shared, data, tmp_path):
-    trunk = checkpoint.load(shared / "trunk" / "last.pt")
-    assert trunk["step"] == 6 and trunk["config"]["train"]["cooldown"] == 0.0
-    lasts = [checkpoint.load(shared / f"member-{i}" / "last.pt") for i in (1, 2, 3)]
-    assert [last["step"] for last in lasts] == [12, 12, 12]
-    assert [last["config"]["train"]["seed"] for last in lasts] == [3, 1003, 2003]
-    # The run's 10 minutes are half a member's (the trunk) and three halves: 5 minutes a member, trunk included.
-    assert [last["config"]["train"]["max_minutes"] for last in lasts] == [5.0] * 3
-    assert trunk["config"]["train"]["max_minutes"] == 2.5
-    alone = tmp_path / "alone"  # member 1 is the one-model run the trunk would have gone on to be
-    train(small_config(data, max_steps=12, valid_every=6, keep_checkpoints=2, cooldown=0.25, seed=3), alone,
-          progress=False)
-    assert_same_weights(lasts[0]["model"], checkpoint.load(alone / "last.pt")["model"])
-    second, third = lasts[1]["model"], lasts[2]["model"]
-    assert any(not torch.equal(second[name], third[name]) for name in second), "each member has its own seed"
-
-
-def test_report_counts_the_shared_trunk_once(shared, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(shared, copy)
-    result = CliRunner().invoke(app, ["average", str(copy), "--last", "1", "--out", str(copy / "final.pt")])
-    assert result.exit_code == 0, result.output
-    assert len(checkpoint.load(copy / "final.pt")["members"]) == 3  # the trunk is no member
-    report = report_run(copy, None, "cpu")
-    assert [m["steps"] for m in report["members"]] == [6, 6, 6] and report["trunk"]["steps"] == 6
-    assert report["steps"] == 24
-
-
-def test_a_shared_run_resumed_after_its_trunk_branches_the_members_not_yet_started(shared, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(shared, copy)
-    shutil.rmtree(copy / "member-3")
-    result = CliRunner().invoke(app, ["train", "--resume", "--out", str(copy), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert_same_weights(checkpoint.load(copy / "member-3" / "last.pt")["model"],
-                        checkpoint.load(shared / "member-3" / "last.pt")["model"])
-
-
 def test_what_an_ensemble_run_cannot_do_is_refused(run, data, tmp_path):
     with pytest.raises(MtError, match="already holds an ensemble run; pass --resume"):
         train(small_config(data, max_steps=1, members=2), run, progress=False)
@@ -135,11 +88,7 @@ def test_what_an_ensemble_run_cannot_do_is_refused(run, data, tmp_path):
         train(small_config(data, max_steps=1, members=2), tmp_path / "new", progress=False,
               init=run / "member-1" / "best.pt")
     result = CliRunner().invoke(app, ["train", "--resume", "--out", str(run), "--set", "train.members=3"])
-    assert_refused(result, "keeps its model, members, seeds, trunk and reranker")
-    with pytest.raises(MtError, match="the members share a trunk; set train.members to 2 or more"):
-        train(small_config(data, shared=0.5), tmp_path / "alone", progress=False)
-    with pytest.raises(MtError, match="members that share a trunk .* cannot become one"):
-        train(small_config(data, members=2, shared=0.5, member_min_steps=100), tmp_path / "both", progress=False)
+    assert_refused(result, "keeps its model, members, seeds and reranker")
     with pytest.raises(MtError, match="train.members=0: must be at least 1"):
         train(small_config(data, members=0), tmp_path / "none", progress=False)
 

@@ -162,31 +162,3 @@ def test_the_training_loss_is_label_smoothed_cross_entropy_summed_over_real_targ
     logits = model(src, tgt_in)
     per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), label_smoothing=smoothing, reduction="none")
     torch.testing.assert_close(loss, per_token[target.flatten() != PAD].sum())
-
-
-def test_rdrop_without_dropout_is_the_plain_loss():
-    model = tiny_model()  # no dropout: both passes agree, so the KL term is 0
-    src, tgt = random_batch(t=7)
-    tgt[1, 4:] = PAD
-    plain = model(src, tgt[:, :-1], tgt[:, 1:], 0.1)
-    torch.testing.assert_close(model(src, tgt[:, :-1], tgt[:, 1:], 0.1, rdrop=5.0), plain)
-
-
-def test_rdrop_is_the_mean_loss_of_two_dropout_passes_plus_their_symmetric_kl():
-    model = tiny_model(dropout=0.3).train()
-    src, tgt = random_batch(t=7)
-    tgt[1, 4:] = PAD
-    tgt_in, target = tgt[:, :-1], tgt[:, 1:]
-    alpha, smoothing = 5.0, 0.1
-    torch.manual_seed(3)
-    loss = model(src, tgt_in, target, smoothing, rdrop=alpha)
-    torch.manual_seed(3)  # the same dropout masks, drawn for the same doubled batch
-    logp1, logp2 = model(src.repeat(2, 1), tgt_in.repeat(2, 1)).log_softmax(-1).chunk(2)
-    keep = target != PAD
-    ce = [F.nll_loss(lp.flatten(0, 1), target.flatten(), reduction="none") * (1 - smoothing)
-          - smoothing * lp.flatten(0, 1).mean(-1) for lp in (logp1, logp2)]
-    kl = (F.kl_div(logp2, logp1, log_target=True, reduction="none")
-          + F.kl_div(logp1, logp2, log_target=True, reduction="none")).sum(-1)  # (B, T)
-    assert kl[keep].sum() > 0.01  # the passes differ
-    expected = ((ce[0] + ce[1]) / 2)[keep.flatten()].sum() + alpha / 4 * kl[keep].sum()
-    torch.testing.assert_close(loss, expected)
