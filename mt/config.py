@@ -117,10 +117,13 @@ class Config:
 # turns one on is an error that says so.
 RETIRED = {
     "train.ema": "the moving average of the weights was removed; average checkpoints with `mt average`",
-    "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see docs/results.md",
-    "train.word_dropout": "word dropout was dropped: no gain on Multi30k; see docs/results.md",
-    "train.both_ways_epochs": "bidirectional training (BiT) was dropped: no gain on Multi30k; see docs/results.md",
-    "train.shared": "members that share a trunk were dropped: behind independent members; see docs/results.md",
+    "train.rdrop": "R-Drop was dropped: behind the recipe on Multi30k, at twice a step's cost; see "
+                   "docs/experiments.md",
+    "train.word_dropout": "word dropout was dropped: no gain on Multi30k; see docs/experiments.md",
+    "train.both_ways_epochs": "bidirectional training (BiT) was dropped: no gain on Multi30k; see "
+                              "docs/experiments.md",
+    "train.shared": "members that share a trunk were dropped: behind independent members; see "
+                    "docs/experiments.md",
 }
 
 

@@ -28,9 +28,10 @@ if TYPE_CHECKING:  # torch and the model load when tuning starts, not when `mt -
     from mt.checkpoint import Loaded
 
 DEFAULT_BEAMS = (1, 5)
-RERANK_BEAMS = (1, 5, 8, 12)  # a reranker gains from a wider beam: more candidates to choose among (docs/results.md)
+# A reranker gains from a wider beam: more candidates to choose among (docs/experiments.md)
+RERANK_BEAMS = (1, 5, 8, 12)
 DEFAULT_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.5)
-DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/results.md)
+DEFAULT_WEIGHTS = (0.5, 1.0)  # a reranker's; both have won on Multi30k's valid (docs/experiments.md)
 CHANNEL_WEIGHTS = (0.0, 0.1, 0.25)  # a channel model's: above 0.25 it lost on Multi30k's valid; 0 turns it off
 FINISH_ALL = (False, True)  # a plain beam search's stop: at its best finished hypothesis, or once `beam` are finished
 WEIGHT_KEYS = ("rerank_weight", "channel_weight")  # a setting's reranking weights, where it has them

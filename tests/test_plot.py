@@ -82,7 +82,7 @@ def test_against_minutes_each_record_is_placed_by_the_validations_elapsed_time(t
 
 
 def test_a_log_kept_apart_from_its_run_plots_as_the_run_does(run, tmp_path):
-    kept = tmp_path / "logs" / f"{run.name}.jsonl"  # docs/logs/ keeps the logs of the runs results.md compares
+    kept = tmp_path / "logs" / f"{run.name}.jsonl"  # docs/logs/: the runs the docs compare
     kept.parent.mkdir()
     kept.write_bytes((run / "log.jsonl").read_bytes())
     from_run = imread(plot_runs([run], tmp_path / "run.png"))
