@@ -32,7 +32,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 browser-test: install
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
-	$(BIN)/python -m pytest -q tests/test_serve_page.py
+	$(BIN)/python -m pytest -q tests/serve/test_page.py
 
 lint: install
 	$(BIN)/ruff check mt tests

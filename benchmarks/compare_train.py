@@ -22,12 +22,12 @@ import torch.nn.functional as F
 
 from mt.bench import PRESETS, VOCAB
 from mt.config import Config, ModelConfig
-from mt.data import Batch
+from mt.data.batches import Batch
+from mt.data.tokenizer import EOS
 from mt.memory import keep_freed_memory
-from mt.model import Transformer
-from mt.optim import adam
-from mt.tokenizer import EOS
-from mt.train import train_step
+from mt.model.transformer import Transformer
+from mt.train.loop import train_step
+from mt.train.optim import adam
 
 
 def marian(preset: str):

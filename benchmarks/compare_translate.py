@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from mt.bench import PRESETS, VOCAB, preset_model
-from mt.data import pad
-from mt.fast import for_inference
+from mt.data.batches import pad
+from mt.data.tokenizer import EOS
+from mt.decode.search import beam_search, greedy
 from mt.memory import keep_freed_memory
-from mt.search import beam_search, greedy
-from mt.tokenizer import EOS
+from mt.model.fast import for_inference
 
 
 def timed(run, runs: int) -> float:

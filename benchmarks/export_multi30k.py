@@ -25,11 +25,11 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from mt.checkpoint import load_model
-from mt.export import export
-from mt.exported import load as load_exported
-from mt.tokenizer import EOS
-from mt.translate import Options, translate_lines
+from mt.data.tokenizer import EOS
+from mt.decode.ctranslate2 import load as load_exported
+from mt.decode.load import load_model
+from mt.decode.translate import Options, translate_lines
+from mt.export.convert import export
 
 FIXED_LIMIT = 128  # the one output limit of the token-for-token comparison
 

@@ -83,7 +83,7 @@ grep '^H-' "$WORK/generate.log" | sort -t- -k2,2n | cut -f3 > "$WORK/test.hyp.tx
 .venv/bin/python - "$WORK" "$DATA" <<'EOF'
 import json, re, sys
 from pathlib import Path
-from mt.evaluate import score
+from mt.decode.evaluate import score
 work, data = Path(sys.argv[1]), Path(sys.argv[2])
 hyps = (work / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
 refs = (data / "test.tgt.txt").read_text(encoding="utf-8").splitlines()

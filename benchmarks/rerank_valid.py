@@ -30,12 +30,12 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from mt.checkpoint import load_model
-from mt.lines import write_lines
-from mt.score import score_pairs
-from mt.search import length_penalty
-from mt.translate import Options, translate_lines
-from mt.tune import held_out
+from mt.data.lines import write_lines
+from mt.decode.forced import score_pairs
+from mt.decode.load import load_model
+from mt.decode.search import length_penalty
+from mt.decode.translate import Options, translate_lines
+from mt.decode.tune import held_out
 
 
 def floats(text: str) -> list[float]:

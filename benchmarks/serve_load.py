@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from mt.checkpoint import load_model
-from mt.translate import Options, compiled, translate_lines
+from mt.decode.load import load_model
+from mt.decode.translate import Options, compiled, translate_lines
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ Translation: random-weight presets do the same work as trained models because th
 is barred until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real
 test set at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
 
-Training: `train_step` on the model `mt train` trains (`mt.fast.for_training`), on fixed-shape batches or a
+Training: `train_step` on the model `mt train` trains (`mt.model.fast.for_training`), on fixed-shape batches or a
 prepared corpus's real ones, reported with its FLOPs and MFU against the machine's own matmul peak.
 `write_readme_table` puts a table between markers in any markdown file (`--readme docs/benchmarks.md`).
 """
@@ -24,16 +24,21 @@ from pathlib import Path
 import torch
 
 from mt.config import Config, ModelConfig
-from mt.data import Batch, collate, epoch_batches, pad
+from mt.data.batches import Batch, collate, epoch_batches, pad
+from mt.data.ids import Split
+from mt.data.lines import read_text
+from mt.data.tokenizer import EOS
+from mt.decode.load import load_model
+from mt.decode.search import beam_search, greedy
+from mt.decode.translate import Options, autocast, compiled, translate_lines
 from mt.device import autocast_dtype, pick_device
 from mt.errors import MtError
-from mt.fast import PRECISIONS, compile_decoding, for_inference, for_training
-from mt.ids import Split
-from mt.model import Transformer, count_parameters
+from mt.model.fast import PRECISIONS, compile_decoding, for_inference, for_training
+from mt.model.fast_linear import onednn_available, onednn_mm, use_onednn
+from mt.model.transformer import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
-from mt.search import beam_search, greedy
-from mt.tokenizer import EOS
-from mt.translate import Options, autocast, compiled, translate_lines
+from mt.train.loop import train_step
+from mt.train.optim import adam
 
 PRESETS = {
     "tiny": dict(d_model=64, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=128),  # proves a benchmark runs; no figure
@@ -77,8 +82,6 @@ def bench_translate(setting: TranslateBench) -> dict:
 
 def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device) -> tuple[Callable, list[int], int]:
     """A trained checkpoint translating the first `n` lines of a real file, at their real lengths."""
-    from mt.checkpoint import load_model
-    from mt.lines import read_text
 
     if not setting.input:
         raise MtError("--checkpoint needs --input FILE: the real sentences to translate")
@@ -224,16 +227,14 @@ def train_flops(cfg: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: flo
 
 
 def cpu_matmul() -> str:
-    """The fp32 CPU matmul kernel mt's linear layers use here (see mt/linear.py)."""
-    from mt.linear import use_onednn
+    """The fp32 CPU matmul kernel mt's linear layers use here (see mt/model/fast_linear.py)."""
 
     return "onednn" if use_onednn() else "mkl"
 
 
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
     """The machine's own measured matmul FLOP/s in this precision (the MFU denominator); on a CPU the faster of
-    PyTorch's two kernels, MKL and oneDNN (see mt/linear.py), so the choice of kernel cannot flatter the MFU."""
-    from mt.linear import onednn_available, onednn_mm
+    PyTorch's two kernels, MKL and oneDNN (see mt/model/fast_linear.py), so the choice of kernel cannot flatter the MFU."""
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
@@ -245,8 +246,6 @@ def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: in
 
 def bench_train(setting: TrainBench) -> dict:
     """Training throughput of one setting: `warmup` untimed steps, then `steps` timed ones."""
-    from mt.optim import adam
-    from mt.train import train_step
 
     if setting.precision not in ("fp32", "bf16"):
         raise MtError(f"--precision {setting.precision}: must be fp32 or bf16")

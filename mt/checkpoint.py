@@ -2,7 +2,7 @@
 
 A checkpoint is a plain dict saved with `torch.save`:
   model: state_dict (an ensemble has `members` instead, a state_dict each, and may have a right-to-left
-         `reranker`: mt/ensemble.py) ·
+         `reranker`: mt/decode/ensemble.py) ·
   config: the resolved config as a dict · spm: {"src": bytes, "tgt": bytes} · langs: {"src": "de", "tgt": "en"}
   (a two-way model's, train.two_way: the direction it translates; `towards` turns it) ·
   step · metrics · init: {"from": path, "step": N} in a fine-tuned run's ·
@@ -19,21 +19,16 @@ loads, so a damaged `last.pt` costs one checkpoint interval, not the run.
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from mt.config import Config, from_dict, note_retired
+from mt.config import note_retired
 from mt.errors import MtError, cannot_write
-from mt.fast import for_inference
-from mt.model import Transformer, count_parameters
-from mt.tokenizer import Tokenizer
 
 
 def save(state: dict[str, Any], path: str | Path) -> None:
@@ -137,40 +132,6 @@ def latest_resumable(run_dir: Path, warn: bool = True) -> tuple[Path, dict[str, 
     return path, state
 
 
-def check_same_vocabulary(state: dict, path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer, data_dir: Path
-                          ) -> None:
-    """A resumed run's ids must mean the same pieces as when it started, or it silently learns garbage."""
-    for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
-        old = Tokenizer(state["spm"][side])
-        if not same_pieces(old, tok):
-            raise MtError(f"{data_dir}: its {side} vocabulary ({tok.vocab_size} pieces) is not the one {path} was "
-                          f"trained with ({old.vocab_size} pieces); resume with the run's data "
-                          f"(--set data={state['config']['data']}) or start a new run in another --out")
-
-
-def same_pieces(a: Tokenizer, b: Tokenizer) -> bool:
-    """Whether every id means the same piece (piece scores may differ: they only steer segmentation)."""
-    if a.model_proto == b.model_proto:
-        return True
-    return a.vocab_size == b.vocab_size and all(a.sp.id_to_piece(i) == b.sp.id_to_piece(i)
-                                                 for i in range(a.vocab_size))
-
-
-def rng_state(device: torch.device) -> dict:
-    """The random state a resumed run goes on from: Python's, torch's, and the training GPU's."""
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if device.type == "cuda":  # the training GPU's only: asking for every GPU's would start a context on each
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng(state: dict, device: torch.device) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def link_or_copy(src: Path, dst: Path) -> None:
     """Make `dst` a hard link to `src` (a copy where links are not supported), atomically replacing any `dst`."""
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -245,20 +206,6 @@ def _why(error: Exception) -> str:
     return f"truncated or corrupt: {type(error).__name__}{': ' + first if first else ''}"
 
 
-@dataclass
-class Loaded:
-    """A checkpoint ready to translate with: its model (with the inference fast paths of mt/fast.py, unless loaded
-    plain), config and tokenizers."""
-
-    model: torch.nn.Module
-    config: Config
-    src_tok: Tokenizer
-    tgt_tok: Tokenizer
-    state: dict[str, Any]
-    parameters: int = 0  # the trained model's, counted before any fast path replaced its layers
-    lead: list[int] = field(default_factory=list)  # what leads every source: a two-way model's target tag
-
-
 def towards(state: dict[str, Any], lang: str | None, path: str | Path = "the checkpoint") -> dict[str, Any]:
     """`state` set to translate into `lang` (None: as it is): a two-way model (train.two_way) turns to its other
     direction; any model already going there stays; anything else is an error that says which directions exist."""
@@ -270,43 +217,3 @@ def towards(state: dict[str, Any], lang: str | None, path: str | Path = "the che
     ways = f"{langs.get('src')}→{langs.get('tgt')}" + (f" and {langs.get('tgt')}→{langs.get('src')}" if two_way else "")
     raise MtError(f"{path} translates {ways}, not into {lang!r}; train one model of both directions with "
                   "`mt prepare --two-way` and train.two_way")
-
-
-def load_model(path: str | Path, device: torch.device | str = "cpu", precision: str | None = "fp32",
-               to: str | None = None) -> Loaded:
-    return from_state(towards(load(path), to, path), device, precision)
-
-
-def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
-    """A checkpoint's state (as `load` returns it) made ready to translate with in `precision` (see
-    `mt.fast.for_inference`); precision None keeps the plain model."""
-    from mt.ensemble import Ensemble  # which builds on this module
-    from mt.rerank import Channel, Reranked
-
-    cfg = from_dict(state["config"])
-    members = [built(cfg, one, device, precision) for one in state.get("members") or [state["model"]]]
-    parameters = sum(count for _, count in members)
-    model = Ensemble([m for m, _ in members]) if len(members) > 1 else members[0][0]
-    right = channel = None
-    if "reranker" in state:
-        backward = replace(cfg, model=replace(cfg.model, right_to_left=True))
-        right, count = built(backward, state["reranker"], device, precision)
-        parameters += count
-    src_tok, tgt_tok = Tokenizer(state["spm"]["src"]), Tokenizer(state["spm"]["tgt"])
-    lead = [src_tok.tag_id(state["langs"]["tgt"])] if cfg.train.two_way else []
-    if "channel" in state:
-        reverse = from_state(state["channel"], device, precision)
-        channel, parameters = Channel(reverse, src_tok, tgt_tok, lead), parameters + reverse.parameters
-    if right is not None or channel is not None:
-        model = Reranked(model, right, channel)
-    return Loaded(model, cfg, src_tok, tgt_tok, state, parameters, lead)
-
-
-def built(cfg: Config, state_dict: dict[str, Any], device: torch.device | str, precision: str | None
-          ) -> tuple[torch.nn.Module, int]:
-    """The model of `cfg` with `state_dict`, ready to translate in `precision`, and its parameter count."""
-    model = Transformer(cfg.model)
-    model.load_state_dict(state_dict)
-    model.to(device).eval()
-    parameters = count_parameters(model)
-    return (model if precision is None else for_inference(model, precision)), parameters

@@ -1,5 +1,8 @@
 """The `mt` command line. Each command parses its options and calls one library function, which holds the
-defaults; an `MtError` from any command is printed as one `error:` line and exits with its code."""
+defaults; an `MtError` from any command is printed as one `error:` line and exits with its code.
+
+Each command imports its library inside its function: torch and the model load for the command that runs, so
+`mt --help` and the commands that need neither start at once."""
 
 from __future__ import annotations
 
@@ -12,14 +15,14 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError  # typer's own click
 from typer.core import TyperGroup
 
-import mt.prepare
-import mt.tune
+import mt.data.prepare
+import mt.decode.tune
 from mt import __version__
 from mt.cli_bench import bench_app
 from mt.errors import MtError
 from mt.options import DEVICE, SERVE, TranslateRequest
 
-PREPARE = mt.prepare.Options()
+PREPARE = mt.data.prepare.Options()
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -87,14 +90,14 @@ def prepare(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
-    out = out or mt.prepare.default_out(corpus, train, src, tgt)
-    meta = mt.prepare.prepare(
+    out = out or mt.data.prepare.default_out(corpus, train, src, tgt)
+    meta = mt.data.prepare.prepare(
         out, src, tgt, corpus=corpus, train=train, valid=valid, test=test, mirror=mirror, vocab_size=vocab_size,
         joint=not separate_vocab, model_type=model_type, spm_sentences=spm_sentences, max_words=max_words,
         max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup, encoding_errors=encoding_errors,
         subword_samples=subword_samples, subword_alpha=subword_alpha, tokenizer=tokenizer, two_way=two_way,
         progress=not quiet)
-    typer.echo(mt.prepare.summary(meta))
+    typer.echo(mt.data.prepare.summary(meta))
     typer.echo(f"wrote {out}")
 
 
@@ -108,9 +111,10 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train a Transformer on data written by `mt prepare`."""
-    from mt.config import load_config, resume_config
-    from mt.finetune import NOT_WITH_RESUME
-    from mt.train import train as run
+    from mt.config import load_config
+    from mt.train.finetune import NOT_WITH_RESUME
+    from mt.train.loop import train as run
+    from mt.train.resume import resume_config
 
     if init is not None and resume:
         fail(NOT_WITH_RESUME)
@@ -152,7 +156,7 @@ def translate(
     With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
     Ctrl-D to quit.
     """
-    from mt.translate import run
+    from mt.decode.translate import run
 
     run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                          batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
@@ -173,8 +177,8 @@ def evaluate(
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
 ) -> None:
     """BLEU, chrF and TER with sacreBLEU signatures, of --hyp, or of --checkpoint's translation of --src."""
-    from mt.evaluate import evaluate as run
-    from mt.evaluate import render
+    from mt.decode.evaluate import evaluate as run
+    from mt.decode.evaluate import render
 
     typer.echo(render(run(ref, hyp, checkpoint, src, beam, lowercase, device, len_penalty), json_))
 
@@ -188,7 +192,7 @@ def average(
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = DEVICE,
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
-    from mt.average import average_checkpoints, summary
+    from mt.train.average import average_checkpoints, summary
 
     state, results = average_checkpoints(run_dir, out, last, best, device)
     typer.echo(summary(state, results, out))
@@ -201,7 +205,7 @@ def ensemble(
 ) -> None:
     """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions; a right-to-left model (model.right_to_left) or one of the reverse direction among them reranks the others' beam instead."""
     from mt.checkpoint import joined
-    from mt.ensemble import write_ensemble
+    from mt.decode.ensemble import write_ensemble
 
     state = write_ensemble(checkpoints, out)
     typer.echo(f"{out}: {joined(state)} ({', '.join(str(c) for c in checkpoints)})")
@@ -216,7 +220,7 @@ def export(
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
 ) -> None:
     """Export a checkpoint for CTranslate2 or Hugging Face transformers, with its SentencePiece models and a README."""
-    from mt.export import export as run
+    from mt.export.convert import export as run
 
     typer.echo(f"wrote {run(checkpoint, to, out, quantization, force)}")
 
@@ -245,8 +249,8 @@ def serve(
     """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /. Before
     exposing it to a network, read docs/serving.md."""
     from mt.options import ServeOptions
-    from mt.serve import run
-    from mt.servechecks import api_keys
+    from mt.serve.app import run
+    from mt.serve.checks import api_keys
 
     run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
                                               cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads,
@@ -259,20 +263,20 @@ def tune(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode defaults (may be --checkpoint itself).")],
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Held-out source sentences [default: the prepared valid split].")] = None,
     ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
-    beams: Annotated[str | None, typer.Option(help=f"Beam sizes to try, comma-separated [default: {','.join(map(str, mt.tune.DEFAULT_BEAMS))}; {','.join(map(str, mt.tune.RERANK_BEAMS))} for a checkpoint with a reranker or channel].")] = None,
-    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_PENALTIES)),
-    rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights to try, comma-separated.")] = ",".join(map(str, mt.tune.DEFAULT_WEIGHTS)),
-    channel_weights: Annotated[str, typer.Option(help="With a channel model (the reverse direction) in the checkpoint: its weights to try, comma-separated; 0 leaves it out.")] = ",".join(map(str, mt.tune.CHANNEL_WEIGHTS)),
+    beams: Annotated[str | None, typer.Option(help=f"Beam sizes to try, comma-separated [default: {','.join(map(str, mt.decode.tune.DEFAULT_BEAMS))}; {','.join(map(str, mt.decode.tune.RERANK_BEAMS))} for a checkpoint with a reranker or channel].")] = None,
+    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.decode.tune.DEFAULT_PENALTIES)),
+    rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights to try, comma-separated.")] = ",".join(map(str, mt.decode.tune.DEFAULT_WEIGHTS)),
+    channel_weights: Annotated[str, typer.Option(help="With a channel model (the reverse direction) in the checkpoint: its weights to try, comma-separated; 0 leaves it out.")] = ",".join(map(str, mt.decode.tune.CHANNEL_WEIGHTS)),
     finish_all: Annotated[str, typer.Option(help="Without a reranker or channel: whether beam search stops at its best finished hypothesis (no) or once the beam's width of them have finished (yes, decode.finish_all); each tried, comma-separated.")] = "no,yes",
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, e.g. --to en: --out then translates into it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
-    results = mt.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
+    results = mt.decode.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
                                       to=to, weights=rerank_weights, channel_weights=channel_weights,
                                       finish=finish_all)
-    typer.echo(mt.tune.summary(results, out))
+    typer.echo(mt.decode.tune.summary(results, out))
 
 
 @app.command()
@@ -323,7 +327,7 @@ def score(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Log-probability (natural log, EOS included) of each --tgt line given its --src line: one per line."""
-    from mt.score import score_files
+    from mt.decode.forced import score_files
 
     for value in score_files(checkpoint, src, tgt, batch_tokens, device, progress=not quiet):
         typer.echo(f"{value:.4f}")

@@ -34,7 +34,7 @@ def bench_translate(
     """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
     import json
 
-    from mt.bench import bench_translate, run_grid, summary
+    from mt.bench import bench_translate, run_grid, summary  # torch: imported when the benchmark runs
 
     if grid:
         return run_grid("translate", threads, None, readme, json_, echo)
@@ -64,7 +64,7 @@ def bench_train(
     """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
     import json
 
-    from mt.bench import bench_train, run_grid, summary
+    from mt.bench import bench_train, run_grid, summary  # torch: imported when the benchmark runs
 
     if grid:
         return run_grid("train", threads, str(data) if data else None, readme, json_, echo)

@@ -62,7 +62,7 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
-    # Models trained one after another in the run, as one ensemble (mt/members.py): seeds seed, seed + 1000, ...,
+    # Models trained one after another in the run, as one ensemble (mt/train/members.py): seeds seed, seed + 1000, ...,
     # each for max_minutes / members; `mt average` averages each and joins them (`mt ensemble`). 1: one model
     members: int = 1
     # With members and a time budget: member 1 trains to where its cooldown would start; if it is on course for
@@ -70,7 +70,7 @@ class TrainConfig:
     # (member 1 goes on), as members that short lose more than their ensemble wins back. 0: always the members
     member_min_steps: int = 0
     # With members: the last member trains right to left (model.right_to_left) and, instead of joining the others'
-    # ensemble, reranks their beam's K best (mt/rerank.py)
+    # ensemble, reranks their beam's K best (mt/decode/rerank.py)
     rerank: bool = False
     valid_every: int = 1000  # steps between validations (and checkpoints)
     keep_checkpoints: int = 3  # numbered checkpoint-{step}.pt kept besides last.pt, to fall back on; 0: last.pt only
@@ -95,7 +95,7 @@ class DecodeConfig:
     max_len_a: float = 1.5  # output length limit: a * source_length + b
     max_len_b: int = 10
     batch_tokens: int = 4096  # source tokens per translation batch
-    # With a right-to-left reranker in the checkpoint: w in (log P_l2r + w · log P_r2l) / (1 + w) (mt/rerank.py)
+    # With a right-to-left reranker in the checkpoint: w in (log P_l2r + w · log P_r2l) / (1 + w) (mt/decode/rerank.py)
     rerank_weight: float = 1.0
     # With a channel model (the reverse direction) in the checkpoint: c, the weight of its log P(source | output)
     channel_weight: float = 0.25
@@ -166,30 +166,6 @@ def note_retired(raw: dict[str, Any], source: str | Path) -> None:
             _noted.add(setting)
             print(f"note: {setting} in {source} is no longer a setting of mt ({RETIRED[key]}); ignored",
                   file=sys.stderr)
-
-
-def resume_config(out_dir: str | Path, overrides: list[str]) -> Config:
-    """The config a run started with (from its newest readable checkpoint), with `overrides` applied; the model
-    cannot change. Silent about damaged checkpoints: `train` reports them when it loads the same one."""
-    from mt import checkpoint  # imported here: mt.checkpoint imports this module
-    from mt.members import member_dirs
-
-    if member_dirs(out_dir):  # an ensemble run: its members' configs are derived from the run's own
-        for item in overrides:
-            if item.strip().startswith(("model.", "train.members", "train.member_min_steps", "train.seed",
-                                        "train.rerank")):
-                raise MtError(f"--set {item}: a resumed ensemble run keeps its model, members, seeds and "
-                              "reranker")
-        raw = read_config_file(Path(out_dir) / "config.yaml")
-        note_retired(raw, Path(out_dir) / "config.yaml")
-        return apply_overrides(from_dict(raw), overrides)
-    last_path = Path(out_dir) / checkpoint.LAST
-    if not last_path.is_file() and not checkpoint.numbered(out_dir):
-        raise MtError(f"{last_path}: nothing to resume; drop --resume to start a new run")
-    for item in overrides:
-        if item.strip().startswith("model."):
-            raise MtError(f"--set {item}: the model of a resumed run cannot change")
-    return apply_overrides(from_dict(checkpoint.latest_readable(out_dir)[1]["config"]), overrides)
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:

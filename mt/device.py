@@ -1,13 +1,15 @@
-"""Where a model runs and in which precision: the one choice training, translation, benchmarks and the CLI share."""
+"""Where a model runs and in which precision: the one choice training, translation, benchmarks and the CLI share;
+and what this CPU multiplies fast, which that choice and the fast paths read."""
 
 from __future__ import annotations
 
+import functools
+import os
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from mt.errors import MtError
-from mt.linear import native_bf16
 
 
 def pick_device(name: str) -> torch.device:
@@ -36,3 +38,35 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 def autocast(dtype: torch.dtype | None, device: torch.device) -> AbstractContextManager:
     """Mixed precision in `dtype` on `device`, or nothing for fp32."""
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string (GenuineIntel, AuthenticAMD, ...) from /proc/cpuinfo; "" where there is none."""
+    return cpuinfo("vendor_id")
+
+
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no bf16 multiply, and so emulates it.
+NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def native_bf16() -> bool:
+    """Whether the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), at twice or more the fp32 rate; elsewhere
+    oneDNN emulates bf16, more slowly than fp32. ATEN_CPU_CAPABILITY=avx2 or ONEDNN_MAX_CPU_ISA=AVX2 make this
+    machine choose as an AVX2 one would."""
+    flags = cpuinfo("flags").split()
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in NO_BF16_ISAS
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and avx512 and not capped
+
+
+@functools.cache
+def cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo; "" where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == field:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""

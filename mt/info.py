@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mt.checkpoint import load_model
 from mt.config import flatten
+from mt.decode.load import load_model
 
 ARCHITECTURE = ("d_model", "n_heads", "n_enc_layers", "n_dec_layers", "d_ff", "activation", "norm", "max_len",
                 "share_embeddings", "tie_output")

@@ -22,7 +22,7 @@ class TranslateRequest:
     len_penalty: float | None = None
     nbest: int = 1
     batch_tokens: int | None = None
-    precision: str = "fp32"  # one of mt.fast.PRECISIONS
+    precision: str = "fp32"  # one of mt.model.fast.PRECISIONS
     device: str = DEVICE
     threads: int = 0  # 0: PyTorch's choice
     encoding_errors: str = "strict"  # or replace: what to do with bytes that are not UTF-8
@@ -32,7 +32,7 @@ class TranslateRequest:
     head: int | None = None  # within `layer`: None is the mean of its heads
     engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
     to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
-    compile: bool = False  # torch.compile the decoding step (mt.fast.compile_decoding)
+    compile: bool = False  # torch.compile the decoding step (mt.model.fast.compile_decoding)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class ServeOptions:
     batching: bool = True  # batch concurrent requests together (off: one request per model call)
     threads: int = 0  # CPU threads of the models' PyTorch work; 0: PyTorch's choice
     compile: bool = False  # torch.compile each model's decoding step, at load
-    client_timeout: float = 30.0  # seconds a request may take to arrive, head and body (mt/servelimits.py)
+    client_timeout: float = 30.0  # seconds a request may take to arrive, head and body (mt/serve/limits.py)
     max_connections: int = 1000  # open connections held at once
 
 

@@ -8,7 +8,6 @@ line per run, so runs can be compared.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -17,9 +16,10 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from mt.data.lines import check_output
+from mt.decode.alignments import save_figure
 from mt.errors import MtError
-from mt.lines import check_output
-from mt.runlog import read_log
+from mt.train.log import read_log
 
 FIGSIZE = (12, 8)  # inches; at DPI this is a 1200×800 PNG
 DPI = 100
@@ -85,15 +85,3 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     """Each run's directory name (a log file's stem); the whole path where two runs share a name."""
     names = [d.resolve().stem if d.is_file() else d.resolve().name for d in run_dirs]
     return [name if names.count(name) == 1 else str(d) for name, d in zip(names, run_dirs, strict=True)]
-
-
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write `fig` as a PNG under a temporary name, then rename: a reader never sees half an image."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path

@@ -3,7 +3,7 @@
 `make recipe NAME=...` ends with `mt report`: it translates the prepared test split with the final checkpoint,
 scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`
 and its speed from `log.jsonl` (its members' in an ensemble run), and writes `report.json` beside the checkpoint, atomically.
-A checkpoint reranked by a channel model (mt/ensemble.py) is reported as `report.channel.json`, with the channel's
+A checkpoint reranked by a channel model (mt/decode/ensemble.py) is reported as `report.channel.json`, with the channel's
 own run's training beside the model's: the system's training is both runs'.
 """
 
@@ -17,19 +17,19 @@ from typing import Any
 import torch
 
 from mt import checkpoint
-from mt.checkpoint import Loaded, load_model
 from mt.config import Config, from_dict
-from mt.data import epoch_batches, epoch_split, text_files, train_splits, turned
+from mt.data.batches import epoch_batches, epoch_split, text_files, train_splits, turned
+from mt.data.lines import read_text, write_lines
+from mt.decode.evaluate import score
+from mt.decode.load import Loaded, load_model
+from mt.decode.translate import Options, translate_stream
+from mt.decode.tune import decode_choices
 from mt.device import pick_device
 from mt.errors import MtError
-from mt.evaluate import score
-from mt.lines import read_text, write_lines
-from mt.members import member_dirs
 from mt.options import DEVICE
 from mt.runlock import writing_into
-from mt.runlog import read_log
-from mt.translate import Options, translate_stream
-from mt.tune import decode_choices
+from mt.train.log import read_log
+from mt.train.members import member_dirs
 
 
 def report_run(run_dir: Path, checkpoint_path: Path | None = None, device: str = DEVICE) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
 def training(run_dir: Path, data_dir: Path) -> dict[str, Any]:
     """Minutes, steps and epochs of training, from the run's last.pt, and its median target tokens/s over the
     log's intervals; an ensemble run's added up (the speed: over all intervals) over its members, which are listed
-    too (mt/members.py)."""
+    too (mt/train/members.py)."""
     members, speeds = [], []
     for directory in member_dirs(run_dir) or [run_dir]:
         member, speed = trained(directory, data_dir)

@@ -16,7 +16,7 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-te
                                             torch.backends.cpu.get_cpu_capability())
 
 from mt.config import ModelConfig
-from mt.model import Transformer
+from mt.model.transformer import Transformer
 
 MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -38,7 +38,7 @@ def tiny_model(seed: int = 0, vocab: int = 40, norm: str = "post", **changes) ->
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory):
-    from mt.tokenizer import Tokenizer, train_sentencepiece
+    from mt.data.tokenizer import Tokenizer, train_sentencepiece
 
     words = "the a cat dog sat ran on under mat tree red blue big small runs jumps".split()
     rng = __import__("random").Random(0)
@@ -50,8 +50,8 @@ def tokenizer(tmp_path_factory):
 @pytest.fixture
 def loaded(tokenizer):
     """A tiny untrained model with a real tokenizer, as `mt.checkpoint.load_model` would return it."""
-    from mt.checkpoint import Loaded
     from mt.config import Config
+    from mt.decode.load import Loaded
 
     model = tiny_model(vocab=tokenizer.vocab_size)
     return Loaded(model, Config(model=model.cfg), tokenizer, tokenizer, {})
@@ -76,7 +76,7 @@ def write_corpus(root: Path, lexicon: dict[str, str] = LEXICON, seed: int = 0, n
 
 def prepare_corpus(root: Path, **sizes) -> Path:
     """A small synthetic de→en corpus written by `write_corpus` and prepared by the real `prepare`."""
-    from mt.prepare import prepare
+    from mt.data.prepare import prepare
 
     write_corpus(root, **sizes)
     prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), vocab_size=40,
@@ -91,7 +91,7 @@ def train_tiny(root: Path, steps: int, joint: bool = True, **model_changes) -> P
 
     Training goes on in rounds of `steps` steps until that holds (see `train_until`)."""
     from mt.config import Config
-    from mt.prepare import prepare
+    from mt.data.prepare import prepare
 
     corpus = write_corpus(root / "corpus")
     prepare(root / "data", "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=40,
@@ -109,7 +109,7 @@ def train_tiny(root: Path, steps: int, joint: bool = True, **model_changes) -> P
 def train_until(cfg, run: Path, steps: int, done, what: str, rounds: int = 5) -> None:
     """Train `cfg` (fp32, as every CPU computes it alike) into `run` in rounds of `steps` steps until `done(run)`;
     a test gets a model that does what it needs by that condition, not by a step count that suits one CPU."""
-    from mt.train import train
+    from mt.train.loop import train
 
     cfg.train.precision, cfg.train.max_steps = "fp32", steps
     threads = torch.get_num_threads()
@@ -127,9 +127,9 @@ ENDS_WITHIN = 28  # output tokens, below every limit the tests decode with
 
 def ends_its_outputs(path: Path, sources: list[str]) -> bool:
     """Whether the checkpoint ends its output for every source within ENDS_WITHIN tokens, greedy and beam 4."""
-    from mt.checkpoint import load_model
-    from mt.search import beam_search, greedy
-    from mt.tokenizer import EOS
+    from mt.data.tokenizer import EOS
+    from mt.decode.load import load_model
+    from mt.decode.search import beam_search, greedy
 
     loaded = load_model(path)
     for ids in loaded.src_tok.encode(sources):

@@ -11,10 +11,10 @@ from mt.bench import (
     train_markdown_table,
     write_readme_table,
 )
-from mt.data import pad
+from mt.data.batches import pad
+from mt.data.tokenizer import EOS
+from mt.decode.search import beam_search, greedy
 from mt.options import TranslateBench
-from mt.search import beam_search, greedy
-from mt.tokenizer import EOS
 
 
 def test_fixed_output_length_makes_random_weights_do_full_work():

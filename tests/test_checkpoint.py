@@ -7,14 +7,15 @@ from typer.testing import CliRunner
 
 import mt.config
 from mt import checkpoint
-from mt.checkpoint import load_model
 from mt.cli import app
-from mt.config import RETIRED, Config, resume_config, to_dict
+from mt.config import RETIRED, Config, to_dict
+from mt.decode.load import load_model
 from mt.errors import MtError
-from mt.train import train
+from mt.train.loop import train
+from mt.train.resume import resume_config
 
 from .conftest import tiny_model
-from .test_train import assert_same_saved_weights, data, one_thread_config, straight  # noqa: F401  (fixtures)
+from .train.test_loop import assert_same_saved_weights, data, one_thread_config, straight  # noqa: F401  (fixtures)
 
 
 def state_for(model, tokenizer):

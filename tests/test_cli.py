@@ -108,5 +108,5 @@ def test_the_command_line_starts_without_importing_torch():
     result = subprocess.run([sys.executable, "-X", "importtime", "-c", "import mt.cli"], capture_output=True,
                             text=True, check=True)
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
-    assert "mt.prepare" in imported and "mt.tune" in imported
+    assert "mt.data.prepare" in imported and "mt.decode.tune" in imported
     assert not [name for name in imported if name.split(".")[0] == "torch"]

@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from mt.config import flatten, from_dict, load_config, resume_config, to_dict
+from mt.config import flatten, from_dict, load_config, to_dict
 from mt.errors import MtError
+from mt.train.resume import resume_config
 
 
 def write(tmp_path, text):

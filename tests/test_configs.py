@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from mt.config import load_config
-from mt.data import Batch, pad, shift_targets
-from mt.model import Transformer, count_parameters
-from mt.tokenizer import EOS, PAD
-from mt.train import train_step
+from mt.data.batches import Batch, pad, shift_targets
+from mt.data.tokenizer import EOS, PAD
+from mt.model.transformer import Transformer, count_parameters
+from mt.train.loop import train_step
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PAPER_PARAMETERS = {"base": 65e6, "big": 213e6}  # Vaswani et al. (2017), table 3

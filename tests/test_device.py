@@ -28,3 +28,19 @@ def test_auto_is_the_cpu_without_a_gpu_and_asking_for_cuda_is_a_clear_error():
     assert pick_device("auto") == torch.device("cpu")
     with pytest.raises(MtError, match="no CUDA device is visible; use auto or cpu"):
         pick_device("cuda")
+
+
+@pytest.mark.parametrize("flags, capability, isa_cap, native", [
+    ("avx2 avx512f avx512_bf16", "AVX512", "", True),
+    ("avx2 amx_bf16 avx512f", "AVX512", "", True),
+    ("avx2 avx512f", "AVX512", "", False),  # AVX-512 without BF16: oneDNN emulates bf16
+    ("avx2 avx512f avx512_bf16", "AVX2", "", False),  # ATEN_CPU_CAPABILITY=avx2: choose as an AVX2 CPU would
+    ("avx2 avx512f avx512_bf16", "AVX512", "avx2", False),  # ONEDNN_MAX_CPU_ISA=AVX2 likewise
+    ("avx2 avx512f avx512_bf16", "AVX512", "AVX512_CORE_BF16", True),
+])
+def test_bf16_counts_as_native_only_where_the_cpu_and_the_isa_caps_allow_it(monkeypatch, flags, capability,
+                                                                             isa_cap, native):
+    monkeypatch.setattr(device_module, "cpuinfo", lambda field: flags if field == "flags" else "")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa_cap)
+    assert device_module.native_bf16() is native

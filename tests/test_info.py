@@ -7,7 +7,7 @@ from mt import checkpoint
 from mt.cli import app
 from mt.config import from_dict
 from mt.info import describe, render
-from mt.model import Transformer, count_parameters
+from mt.model.transformer import Transformer, count_parameters
 
 from .conftest import tiny_model
 from .test_checkpoint import state_for

@@ -8,15 +8,15 @@ from typer.testing import CliRunner
 from mt.cli import app
 from mt.errors import MtError
 from mt.plot import DPI, FIGSIZE, minutes, plot_runs
-from mt.runlog import read_log
+from mt.train.log import read_log
 
-from .test_train import prepared, small_config  # noqa: F401  (prepared is a fixture)
+from .train.test_loop import prepared, small_config  # noqa: F401  (prepared is a fixture)
 
 
 @pytest.fixture(scope="module")
 def run(prepared, tmp_path_factory):  # noqa: F811
     """A real (tiny) training run: its log.jsonl is what `mt plot` must read."""
-    from mt.train import train
+    from mt.train.loop import train
 
     out = tmp_path_factory.mktemp("runs") / "tiny"
     train(small_config(prepared, max_steps=4, valid_every=2, log_every=1), out, progress=False)

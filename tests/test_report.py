@@ -7,16 +7,16 @@ import pytest
 import sacrebleu
 
 from mt import checkpoint
+from mt.data.lines import read_text
+from mt.data.prepare import prepare
+from mt.decode.evaluate import score
 from mt.errors import MtError
-from mt.evaluate import score
-from mt.lines import read_text
-from mt.prepare import prepare
 from mt.report import report_run
-from mt.runlog import read_log
-from mt.train import train
+from mt.train.log import read_log
+from mt.train.loop import train
 
 from .conftest import write_corpus
-from .test_train import small_config
+from .train.test_loop import small_config
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from mt import checkpoint
-from mt.checkpoint import load_model
-from mt.data import collate, step_batches, valid_split
+from mt.data.batches import collate, step_batches, valid_split
+from mt.data.ids import Split
+from mt.data.tokenizer import EOS, PAD
+from mt.decode.forced import score_pairs
+from mt.decode.load import load_model
+from mt.decode.translate import Options, translate_lines
 from mt.errors import MtError
-from mt.export import export
-from mt.ids import Split
-from mt.score import score_pairs
-from mt.tokenizer import EOS, PAD
-from mt.translate import Options, translate_lines
+from mt.export.convert import export
 
-from .test_train import ROOT, prepared, small_config  # noqa: F401  (prepared is a fixture)
+from .train.test_loop import ROOT, prepared, small_config  # noqa: F401  (prepared is a fixture)
 
 
 def targets(cfg) -> list[list[int]]:
@@ -40,7 +40,7 @@ def test_its_training_batches_hold_every_target_last_piece_first(prepared):  # n
 
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory):  # noqa: F811
-    from mt.train import train
+    from mt.train.loop import train
 
     cfg = small_config(prepared, max_steps=80, valid_every=80)  # enough to write sentences, not one piece
     cfg.model.right_to_left = True
@@ -83,7 +83,7 @@ def test_exporting_it_is_refused_with_the_reason(trained, tmp_path):
 def test_reranking_without_its_scores_keeps_the_beams_choice(trained, prepared, tmp_path):  # noqa: F811
     """benchmarks/rerank_valid.py, which measures the lever: at weight 0 and the search's length penalty, the
     reranked K best give what the search chose."""
-    from mt.train import train
+    from mt.train.loop import train
 
     train(small_config(prepared, max_steps=80, valid_every=80), tmp_path / "l2r", progress=False)
     decode = checkpoint.load(tmp_path / "l2r" / "last.pt")["config"]["decode"]
@@ -99,7 +99,7 @@ def test_reranking_without_its_scores_keeps_the_beams_choice(trained, prepared, 
 
 
 def test_served_it_translates_as_mt_translate_does_and_refuses_alignments(trained, prepared, tmp_path):  # noqa: F811
-    from .test_serve import client, mt_translate, run, serve_app
+    from .serve.test_app import client, mt_translate, run, serve_app
 
     lines = sources(prepared)[:4]
     app = serve_app(trained)

@@ -12,14 +12,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mt import checkpoint
-from mt.checkpoint import same_pieces
 from mt.cli import app
 from mt.config import Config, DecodeConfig, to_dict
-from mt.prepare import prepare
-from mt.tokenizer import Tokenizer
+from mt.data.prepare import prepare
+from mt.data.tokenizer import Tokenizer, same_pieces
 
 from .conftest import LEXICON, tiny_model, write_corpus
-from .test_train import ROOT, data, straight  # noqa: F401  (fixtures)
+from .train.test_loop import ROOT, data, straight  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------------------------------------- signals
 

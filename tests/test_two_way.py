@@ -12,15 +12,16 @@ from typer.testing import CliRunner
 from mt import checkpoint
 from mt.cli import app
 from mt.config import Config, ModelConfig
-from mt.data import BothWays, fit_vocab, load_tokenizers, train_splits, valid_split
+from mt.data.batches import BothWays, fit_vocab, load_tokenizers, train_splits, valid_split
+from mt.data.lines import read_text
+from mt.data.prepare import prepare, summary
+from mt.decode.evaluate import score
+from mt.decode.load import load_model
+from mt.decode.translate import Options, translate_stream
+from mt.decode.tune import tune_checkpoint
 from mt.errors import MtError
-from mt.evaluate import score
-from mt.export import export
-from mt.lines import read_text
-from mt.prepare import prepare, summary
+from mt.export.convert import export
 from mt.report import report_run
-from mt.translate import Options, translate_stream
-from mt.tune import tune_checkpoint
 
 from .conftest import LEXICON, assert_refused, train_until, write_corpus
 from .test_makefile import dry_run, needs_make
@@ -61,7 +62,7 @@ BLEU = 25  # on the synthetic valid set, greedy: "the" is der, die or das, so ne
 
 
 def translated(path, lines: list[str], to: str | None) -> list[str]:
-    loaded = checkpoint.load_model(path, to=to)
+    loaded = load_model(path, to=to)
     opts = Options.from_config(loaded.config.decode, beam=1)
     return list(translate_stream(loaded, lines, opts, torch.device("cpu")))
 
@@ -128,7 +129,7 @@ def test_a_direction_the_model_has_not_learned_is_refused_naming_those_it_has(ru
     one_way["config"] = {**one_way["config"], "train": {**one_way["config"]["train"], "two_way": False}}
     checkpoint.save(one_way, tmp_path / "one_way.pt")
     with pytest.raises(MtError, match=r"translates de→en, not into 'de'; train one model of both directions"):
-        checkpoint.load_model(tmp_path / "one_way.pt", to="de")
+        load_model(tmp_path / "one_way.pt", to="de")
 
 
 def test_tune_to_writes_a_checkpoint_of_the_other_direction_that_report_scores_on_the_swapped_test(run, data):

@@ -1,0 +1,249 @@
+"""Greedy and beam search over a batch of source sentences, decoding incrementally with a KV cache; and the
+teacher-forced score of given translations (`score_ids`), which rerankers and `mt score` ask for.
+
+Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
+source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
+running batch, so a long sentence does not keep short ones computing.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from mt.data.batches import batch_by_tokens, pad, shift_targets
+from mt.data.tokenizer import BOS, EOS, PAD
+from mt.model.cache import DecoderCache
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # pieces, without BOS/EOS
+    score: float  # log-probability divided by the length penalty: what beams are ranked by
+    logprob: float  # total log-probability, EOS included
+
+
+def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
+    """Per sentence output limit (in tokens, EOS included): a * source length + b, within the model's positions."""
+    src_len = (src != PAD).sum(1)
+    return (a * src_len.float() + b).long().clamp(min=1, max=limit - 1)
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT (Wu et al. 2016): ((5 + length) / 6) ** alpha; alpha 0 ranks by raw log-probability."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.inference_mode()
+def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0) -> list[Hypothesis]:
+    """The most likely next token at every step until EOS or the length limit (EOS barred before `min_len`)."""
+    memory, src_mask = model.encode(src)
+    limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    steps = int(limit.max())
+    cache = model.start_cache(memory, src_mask, steps)
+    n = src.size(0)
+    active = torch.arange(n, device=src.device)  # original row of each running row
+    tokens = torch.full((n,), BOS, dtype=torch.long, device=src.device)
+    out = torch.full((n, steps), EOS, dtype=torch.long, device=src.device)
+    logprob = torch.zeros(n, device=src.device)
+    for step in range(steps):
+        logits, cache = model.decode_step(tokens, cache)
+        logp = next_token_logprobs(logits, step < min_len, limit[active] <= step + 1)
+        best, tokens = logp.max(dim=-1)
+        out[active, step] = tokens
+        logprob[active] += best
+        running = tokens != EOS
+        if not running.all():
+            if not running.any():
+                break
+            keep = running.nonzero().squeeze(1)
+            active, tokens, cache = active[keep], tokens[keep], cache.select(keep, keep)
+    return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
+
+
+@torch.inference_mode()
+def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max_len_a: float = 1.5,
+                max_len_b: int = 10, nbest: int = 1, min_len: int = 0) -> list[list[Hypothesis]]:
+    """Beam search with the GNMT length penalty; returns the `nbest` best hypotheses per sentence, best first.
+
+    A hypothesis that emits EOS among the top `beam` candidates is finished. A sentence stops once it has
+    `nbest` finished hypotheses and no live beam can still beat the worst of them, judging a live beam by its
+    score normalised at the current length (as most toolkits do; with len_penalty 0 the judgment is exact,
+    since log-probabilities only fall). With beam 1 this is exactly greedy search. EOS is barred before
+    `min_len` tokens (benchmarks use it, with the length limit, to fix the output length).
+    """
+    if nbest > beam:
+        raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
+    memory, src_mask = model.encode(src)
+    limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    steps = int(limit.max())
+    beams = Beams.start(model.start_cache(memory, src_mask, steps, beam=beam), src.size(0), beam, src.device)
+    finished = Finished.start(src.size(0), nbest, src.device)
+    for step in range(steps):
+        logits, beams.cache = model.decode_step(beams.last, beams.cache)
+        at_limit = (limit[beams.active] <= step + 1).repeat_interleave(beam)
+        logp = next_token_logprobs(logits, step < min_len, at_limit)
+        top_scores, top_beam, top_tok = candidates(beams.scores, logp)
+        penalty = length_penalty(step + 1, len_penalty)
+        finished.add(beams, top_scores, top_beam, top_tok, penalty)
+        if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):
+            break
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished.hyps]
+
+
+@dataclass
+class Beams:
+    """The k live beams of each running sentence, side by side: row s*k + j of (n*k, ...) is sentence s's beam j."""
+
+    cache: DecoderCache  # the decoder's state, rows as above
+    active: Tensor  # (n,) the original sentence of each running sentence
+    scores: Tensor  # (n, k) total log-probability of each beam
+    prefixes: Tensor  # (n*k, steps so far) the tokens each beam has emitted
+    last: Tensor  # (n*k,) each beam's last token: the next step's input
+
+    @classmethod
+    def start(cls, cache: DecoderCache, n: int, k: int, device: torch.device) -> Beams:
+        scores = torch.full((n, k), -torch.inf, device=device)
+        scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
+        return cls(cache, torch.arange(n, device=device), scores,
+                   torch.zeros((n * k, 0), dtype=torch.long, device=device),
+                   torch.full((n * k,), BOS, dtype=torch.long, device=device))
+
+    def advance(self, top_scores: Tensor, top_beam: Tensor, top_tok: Tensor, kth_best: Tensor,
+                penalty: float) -> bool:
+        """Keep the k best continuations that do not end in EOS and drop the sentences that are done; False
+        when none is left. Each parent's first child takes its parent's slot, so that the cache copies only
+        the rows of the other children (into the slots of dead beams)."""
+        k = self.scores.size(1)
+        live = top_scores.masked_fill(top_tok == EOS, -torch.inf)
+        ranked, pick = live.topk(k, dim=1)  # (n, k), best first
+        at = pick.gather(1, slot_order(top_beam.gather(1, pick)))  # the candidate each slot gets
+        best, scores = ranked[:, 0], live.gather(1, at)
+        beam_of, tok = top_beam.gather(1, at), top_tok.gather(1, at)
+        parent = (torch.arange(self.active.numel(), device=scores.device)[:, None] * k + beam_of).view(-1)
+        # A sentence is done when no live beam can beat the nbest-th finished one (-inf >= -inf: none can).
+        keep = kth_best[self.active] < best / penalty
+        sentences = None  # the encoder side changes only when sentences finish
+        active = self.active
+        if not keep.all():
+            if not keep.any():
+                return False
+            sentences = keep.nonzero().squeeze(1)
+            parent = parent.view(-1, k)[keep].view(-1)
+            scores, tok, active = scores[keep], tok[keep], active[keep]
+        self.prefixes = torch.cat([self.prefixes.index_select(0, parent), tok.view(-1, 1)], dim=1)
+        self.active, self.scores, self.last = active, scores, tok.view(-1)
+        self.cache = self.cache.select(parent, sentences)
+        return True
+
+
+@dataclass
+class Finished:
+    """The finished hypotheses of every sentence, and the score a live beam must beat to matter."""
+
+    hyps: list[list[Hypothesis]]  # per original sentence; at most `nbest` once that many are found
+    kth_best: Tensor  # (N,) score of each sentence's nbest-th finished hypothesis, -inf until there are nbest
+    nbest: int
+
+    @classmethod
+    def start(cls, n: int, nbest: int, device: torch.device) -> Finished:
+        return cls([[] for _ in range(n)], torch.full((n,), -torch.inf, device=device), nbest)
+
+    def add(self, beams: Beams, top_scores: Tensor, top_beam: Tensor, top_tok: Tensor, penalty: float) -> None:
+        """Finish the hypotheses that end in EOS among each sentence's k best candidates (a few per step)."""
+        k = beams.scores.size(1)
+        ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
+        if not ends.any():
+            return
+        for s, j in ends.nonzero().tolist():
+            i = int(beams.active[s])
+            logprob = float(top_scores[s, j])
+            tokens = beams.prefixes[s * k + int(top_beam[s, j])].tolist()
+            self.hyps[i].append(Hypothesis(tokens, logprob / penalty, logprob))
+            if len(self.hyps[i]) >= self.nbest:
+                self.hyps[i] = sorted(self.hyps[i], key=lambda h: h.score, reverse=True)[:self.nbest]
+                self.kth_best[i] = self.hyps[i][-1].score
+
+
+def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sentence's 2k best continuations of its k beams (2k: at least k of them do not end in EOS), best
+    first: their scores (n, 2k), the beam each continues and the token it adds.
+
+    They are among the beams' 2k best tokens each, so the top-k runs over (n*k, V) once and then over
+    (n, k*2k), never over k*V.
+    """
+    k = scores.size(1)
+    width = min(2 * k, logp.size(1))
+    row_lp, row_tok = top_tokens(logp, width)  # (n*k, width)
+    cand = (scores.view(-1, 1) + row_lp).view(-1, k * width)  # (n, k*width)
+    top_scores, top_idx = cand.topk(min(2 * k, cand.size(1)), dim=1)
+    return top_scores, top_idx // width, row_tok.view(-1, k * width).gather(1, top_idx)
+
+
+def top_tokens(logp: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """`logp.topk(k, dim=1)` in two short passes: the k best of a row lie in the k chunks (of `chunk` tokens)
+    with the highest maxima, since any other chunk has k elements above its maximum. The chunk maxima are one
+    vectorised reduction; torch.topk over a whole vocabulary is not."""
+    rows, vocab = logp.shape
+    whole = vocab // chunk * chunk
+    if whole < 4 * k * chunk:
+        return logp.topk(k, dim=1)
+    best_chunks = logp[:, :whole].view(rows, -1, chunk).amax(dim=2).topk(k, dim=1).indices  # (rows, k)
+    cols = (best_chunks[:, :, None] * chunk + torch.arange(chunk, device=logp.device)).view(rows, -1)
+    if whole < vocab:  # the tail that fills no chunk is always a candidate
+        cols = torch.cat([cols, torch.arange(whole, vocab, device=logp.device).expand(rows, -1)], dim=1)
+    values, at = logp.gather(1, cols).topk(k, dim=1)
+    return values, cols.gather(1, at)
+
+
+def slot_order(parents: Tensor) -> Tensor:
+    """Where the next beams go, given the beam each continues (n, k): each parent's first (best) child takes
+    its parent's slot, the other children the slots of the parents left without children, in order. Returns,
+    for each slot, the index of the child in it; the slots of a sentence are then in no order of score."""
+    k = parents.size(1)
+    children = F.one_hot(parents, k)  # (n, child, parent)
+    first = children.cumsum(1).gather(2, parents[..., None]).squeeze(2) == 1
+    childless_first = (children.sum(1) > 0).to(torch.int8).argsort(dim=1, stable=True)  # childless parents first
+    slot = torch.where(first, parents, childless_first.gather(1, ((~first).cumsum(1) - 1).clamp(min=0)))
+    return slot.argsort(1)  # slot is a permutation: its inverse
+
+
+def next_token_logprobs(logits: Tensor, bar_eos: bool, at_limit: Tensor) -> Tensor:
+    """Log-probabilities (B, V) of the next token. With `bar_eos`, EOS cannot be chosen; rows `at_limit` may
+    only end (EOS gets log-probability 0, all else -inf)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    if bar_eos:
+        logp[:, EOS] = -torch.inf
+    if at_limit.any():
+        logp[at_limit] = -torch.inf
+        logp[at_limit, EOS] = 0.0
+    return logp
+
+
+def until_eos(tokens: list[int]) -> list[int]:
+    return tokens[:tokens.index(EOS)] if EOS in tokens else tokens
+
+
+@torch.inference_mode()
+def score_ids(model, srcs: list[list[int]], tgts: list[list[int]], device: torch.device | str = "cpu",
+              batch_tokens: int = 4096, progress: bool = False) -> list[float]:
+    """`score_pairs` of piece ids (no EOS; targets in reading order), each within the model's length."""
+    if model.cfg.right_to_left:  # it reads a target last piece first
+        tgts = [t[::-1] for t in tgts]
+    scores = [0.0] * len(srcs)
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(srcs, tgts, strict=True)]
+    for idx in tqdm(batch_by_tokens(lengths, batch_tokens), unit="batch",
+                    disable=not progress or not sys.stderr.isatty()):
+        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
+        tgt_in, tgt_out = (t.to(device) for t in shift_targets([tgts[i] for i in idx]))
+        logp = torch.log_softmax(model(src, tgt_in).float(), dim=-1)  # (B, T, V)
+        token_logp = logp.gather(-1, tgt_out[:, :, None]).squeeze(-1)  # (B, T)
+        totals = token_logp.masked_fill(tgt_out == PAD, 0.0).sum(dim=1)
+        for i, total in zip(idx, totals.tolist(), strict=True):
+            scores[i] = total
+    return scores

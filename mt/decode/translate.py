@@ -1,0 +1,389 @@
+"""Text in, text out, one way down: lines → source pieces → length-sorted batches → search → text, in input order.
+
+`mt translate` calls `run`; the other commands call the functions below it (`translate_stream` for evaluate and
+report, `translate_lines` for tune and bench, `translate_ids` for training's validation). Input is read and
+translated `CHUNK_LINES` lines at a time, so memory stays bounded on endless input. Exactly one output line per
+input line: an empty or blank input line gives an empty output line, a line longer than the model allows is cut
+(with a warning on stderr), and control characters pass to SentencePiece, which maps what it does not know to
+<unk>. The attention option of the same stream decodes each chunk's best translations once more,
+teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+import torch
+
+from mt.checkpoint import towards
+from mt.config import DecodeConfig
+from mt.data.batches import batch_by_tokens, pad
+from mt.data.lines import (
+    check_input,
+    check_not_input,
+    check_output,
+    check_output_dir,
+    read_lines,
+    read_text,
+    write_lines,
+)
+from mt.data.tokenizer import EOS
+from mt.decode.alignments import alignments, heatmap, pair_attention, pharaoh, to_pieces
+from mt.decode.ctranslate2 import CTranslate2Model, is_export
+from mt.decode.ctranslate2 import load as load_exported
+from mt.decode.load import Loaded, load_model
+from mt.decode.rerank import Opinions, Reranked, joined, opinions, rerank
+from mt.decode.search import Hypothesis, beam_search, greedy
+from mt.device import autocast as device_autocast
+from mt.device import pick_device
+from mt.errors import MtError
+from mt.model.fast import PRECISIONS, compile_decoding
+from mt.options import TranslateRequest
+
+CHUNK_LINES = 10_000  # lines read ahead and sorted together; bounds memory on endless input
+PROMPT = "> "  # interactive mode's, on stderr, so that stdout holds translations only
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 runs the search under autocast; fp32 and int8 (a model from `for_inference`) run as they are."""
+    return device_autocast(torch.bfloat16 if precision == "bf16" else None, device)
+
+
+@dataclass
+class Options:
+    """What `mt translate` may change per call; the rest comes from the checkpoint's decode config."""
+
+    beam: int
+    len_penalty: float
+    max_len_a: float
+    max_len_b: int
+    batch_tokens: int
+    nbest: int = 1
+    precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
+    rerank_weight: float = 1.0  # a checkpoint with a right-to-left reranker's w (mt/decode/rerank.py)
+    channel_weight: float = 0.25  # a checkpoint with a channel model's c (mt/decode/rerank.py)
+    finish_all: bool = False  # beam search: until `beam` hypotheses have finished, not the best one alone
+
+    @classmethod
+    def from_config(cls, decode_cfg: DecodeConfig, **changes) -> Options:
+        opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
+                   decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight,
+                   channel_weight=decode_cfg.channel_weight, finish_all=decode_cfg.finish_all)
+        for key, value in changes.items():
+            if value is not None:
+                setattr(opts, key, value)
+        return opts
+
+
+@dataclass
+class Attention:
+    """The stream's attention option: an alignment line per input line and, with `heatmap_dir`, a heatmap per
+    translated line (DIR/000001.png for line 1), of one decoder `layer` (and `head`) or the mean of all."""
+
+    heatmap_dir: Path | None = None
+    layer: int | None = None
+    head: int | None = None
+
+
+@dataclass
+class Translated:
+    """One input line's result: its output lines (one, or `nbest` as `i ||| text ||| score`) and, with the
+    attention option, its alignment line (Pharaoh format; empty for a blank line)."""
+
+    lines: list[str]
+    alignment: str = ""
+
+
+def run(request: TranslateRequest) -> None:
+    """`mt translate`: the input's translations to stdout or the output file, the alignments to their file.
+
+    With stdin a terminal and no file or attention asked for, translate interactively: a prompt on stderr,
+    one line at a time, until Ctrl-D or Ctrl-C.
+    """
+    loaded, opts, device = load(request)
+    attention = attention_option(request, loaded, opts.nbest)
+    if request.input is None and request.output is None and attention is None and sys.stdin.isatty():
+        interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors)
+        return
+    lines = read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True)
+    write_output(translations(loaded, lines, opts, device, attention), request.output, request.alignments,
+                 sys.stdout)
+
+
+def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
+    """The checkpoint's model, made ready to decode in the precision asked for, and the decode options: the
+    checkpoint's, changed by the request. Raises MtError for what cannot run."""
+    check_streams(request)
+    if request.precision not in PRECISIONS:
+        raise MtError(f"--precision {request.precision}: must be one of {', '.join(PRECISIONS)}")
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    device = pick_device(request.device)
+    if request.precision == "int8" and device.type != "cpu":
+        raise MtError("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
+    loaded = load_any(request.checkpoint, device, request.precision, request.engine, request.to)
+    opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
+                               nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
+    opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
+    if request.input is not None:
+        check_input(request.input, "--input")
+    # --output may be --input: the input is read to its end before the output is renamed over it
+    for option, path, inputs in (("--output", request.output, [request.checkpoint]),
+                                 ("--alignments", request.alignments, [request.checkpoint, request.input])):
+        if path is not None:
+            check_not_input(path, option, [p for p in inputs if p is not None])
+            check_output(path, option)
+    if request.attention is not None:
+        check_output_dir(request.attention, "--attention")
+    return (compiled(loaded, opts, device) if request.compile else loaded), opts, device
+
+
+def check_streams(request: TranslateRequest) -> None:
+    """A closed stdin or stdout (`<&-`, `>&-`), which Python leaves as None, is an error when the request needs it."""
+    if request.input is None and sys.stdin is None:
+        raise MtError("stdin is closed: nothing to translate; pipe text in, or give --input FILE")
+    if request.output is None and sys.stdout is None:
+        raise MtError("stdout is closed: nowhere to write the translations; give --output FILE")
+
+
+def load_any(path: Path, device: torch.device, precision: str | None = "fp32", engine: str = "auto",
+             to: str | None = None) -> Loaded:
+    """A checkpoint, or a model exported for CTranslate2 (mt/decode/ctranslate2.py); `engine` "mt" or "ctranslate2"
+    insists on one of them; `to` turns a two-way checkpoint (`mt.checkpoint.towards`)."""
+    exported = is_export(path)
+    if engine == "ctranslate2" and not exported:
+        raise MtError(f"--engine ctranslate2: {path} is not a CTranslate2 export; make one with `mt export {path} "
+                      f"--to ctranslate2 --out DIR`")
+    if engine == "mt" and exported:
+        raise MtError(f"--engine mt: {path} is a CTranslate2 export; give the checkpoint it came from")
+    if exported:
+        loaded = load_exported(path, device, precision)
+        towards({"config": {}, "langs": loaded.state["export"].get("langs")}, to, path)  # one direction only
+        return loaded
+    return load_model(path, device, precision, to)
+
+
+def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> Attention | None:
+    """The attention option, if --attention or --alignments asks for it, checked against the model."""
+    if request.attention is None and request.alignments is None:
+        return None
+    if isinstance(loaded.model, CTranslate2Model):
+        raise MtError("--attention and --alignments need mt's own model; give the checkpoint, not the export")
+    layer, head = request.layer, request.head
+    n_layers, n_heads = loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads
+    if nbest > 1:
+        raise MtError("--attention and --alignments show the best translation only; drop --nbest")
+    if loaded.model.cfg.right_to_left:
+        raise MtError("--attention and --alignments need a left-to-right model; this one reads its output last "
+                      "piece first (model.right_to_left)")
+    if head is not None and layer is None:
+        raise MtError("--head picks a head within a layer: give --layer too")
+    if layer is not None and not 0 <= layer < n_layers:
+        raise MtError(f"--layer {layer}: the model has decoder layers 0 to {n_layers - 1}")
+    if head is not None and not 0 <= head < n_heads:
+        raise MtError(f"--head {head}: the model has heads 0 to {n_heads - 1}")
+    return Attention(request.attention, layer, head)
+
+
+def interactive(loaded: Loaded, opts: Options, device: torch.device, stdin: BinaryIO, stdout: TextIO,
+                stderr: TextIO, encoding_errors: str = "strict") -> None:
+    """Translate each line as it is typed, until Ctrl-D or Ctrl-C; each line is a stream of its own (so that
+    --nbest numbers every sentence 0), translated before the next prompt."""
+    def ask() -> None:
+        stderr.write(PROMPT)
+        stderr.flush()
+
+    try:
+        for line in read_lines(stdin, encoding_errors, empty_ok=True, ask=ask):
+            write_output(translations(loaded, [line], opts, device), None, None, stdout)
+    except KeyboardInterrupt:  # Ctrl-C quits as quietly as Ctrl-D
+        pass
+    stderr.write("\n")  # leave the shell's prompt on a line of its own
+    stderr.flush()
+
+
+def write_output(translated: Iterable[Translated], output: Path | None, alignments: Path | None,
+                 stdout: TextIO) -> None:
+    """Output lines to stdout as they come (flushed, so that a pipe or a terminal sees each at once), or to
+    `output`, renamed into place when complete; then, with `alignments`, the alignment lines to that file."""
+    aligned: list[str] = []
+    lines = output_lines(translated, aligned)
+    if output is None:
+        for line in lines:
+            stdout.write(line + "\n")
+            stdout.flush()
+    else:
+        write_lines(output, lines)
+    if alignments is not None:
+        write_lines(alignments, aligned)
+
+
+def output_lines(translated: Iterable[Translated], aligned: list[str]) -> Iterator[str]:
+    """The output lines of each translation in turn, keeping its alignment line in `aligned`."""
+    for result in translated:
+        aligned.append(result.alignment)
+        yield from result.lines
+
+
+def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str, len_penalty: float | None = None
+                   ) -> list[str]:
+    """The translation of each line of `src` by `checkpoint` (or a CTranslate2 export), with its decode config
+    (and `beam` and `len_penalty`, if given)."""
+    dev = pick_device(device)
+    loaded = load_any(checkpoint, dev)
+    opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty)
+    return list(translate_stream(loaded, read_text(src), opts, dev))
+
+
+def translate_stream(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device) -> Iterator[str]:
+    """Output lines for input lines, chunk by chunk, in order. With nbest > 1: `i ||| text ||| score` lines."""
+    for result in translations(loaded, lines, opts, device):
+        yield from result.lines
+
+
+def translations(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device,
+                 attention: Attention | None = None) -> Iterator[Translated]:
+    """The one stream: each input line's `Translated`, in input order; CHUNK_LINES lines are read, sorted by
+    length and searched together at a time."""
+    if attention is not None and attention.heatmap_dir is not None:
+        attention.heatmap_dir.mkdir(parents=True, exist_ok=True)
+    for offset, chunk in chunks(lines, CHUNK_LINES):
+        srcs = encode_lines(loaded, chunk, offset)
+        results = search_lines(loaded.model, srcs, opts, device)
+        aligned = [""] * len(chunk)
+        if attention is not None:
+            aligned = attend(loaded, srcs, results, offset, attention, opts.batch_tokens)
+        for i, (hyps, alignment) in enumerate(zip(results, aligned, strict=True)):
+            yield Translated(render(loaded, offset + i, hyps, opts.nbest), alignment)
+
+
+def chunks(lines: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    """(index of the first line, up to `size` lines without their line ends), in order."""
+    chunk: list[str] = []
+    offset = 0
+    for line in lines:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) == size:
+            yield offset, chunk
+            offset += len(chunk)
+            chunk = []
+    if chunk:
+        yield offset, chunk
+
+
+def translate_lines(loaded: Loaded, lines: list[str], opts: Options, device: torch.device,
+                    warn: TextIO | None = None) -> list[list[Hypothesis]]:
+    """Hypotheses for each line (an empty list for a blank line)."""
+    return search_lines(loaded.model, encode_lines(loaded, lines, 0, warn), opts, device)
+
+
+def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
+                 warn: TextIO | None = None) -> list[list[int] | None]:
+    """The source pieces of each line (None for a blank line), cut to what the model takes, with a warning
+    on `warn` (stderr) that names the line, counting from `offset` + 1."""
+    limit = loaded.model.cfg.max_len - 1 - len(loaded.lead)  # room for EOS and a two-way model's tag
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    srcs: list[list[int] | None] = [None] * len(lines)
+    for i, src in zip(todo, loaded.src_tok.encode([lines[i].strip() for i in todo]), strict=True):
+        if len(src) > limit:
+            print(f"warning: input line {offset + i + 1} has {len(src)} pieces; cut to the model's {limit}",
+                  file=warn or sys.stderr)
+        srcs[i] = loaded.lead + src[:limit]
+    return srcs
+
+
+def search_lines(model, srcs: list[list[int] | None], opts: Options,
+                 device: torch.device) -> list[list[Hypothesis]]:
+    """`translate_ids` of the sources that are not None, in order; an empty list for each None."""
+    todo = [i for i, src in enumerate(srcs) if src is not None]
+    results: list[list[Hypothesis]] = [[] for _ in srcs]
+    for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device), strict=True):
+        results[i] = hyps
+    return results
+
+
+def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.device) -> list[list[Hypothesis]]:
+    """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source."""
+    if isinstance(model, Reranked) and opts.beam > 1:
+        found, views = rerank_candidates(model, srcs, opts, device)
+        return rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, opts.nbest)
+    if isinstance(model, CTranslate2Model):
+        return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
+                            opts.batch_tokens) if srcs else []
+    lengths = [len(s) + 1 for s in srcs]
+    results: list[list[Hypothesis]] = [[] for _ in srcs]
+    for idx in batch_by_tokens(lengths, opts.batch_tokens):
+        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
+        with autocast(opts.precision, device):
+            if opts.beam == 1 and opts.nbest == 1:
+                hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
+            else:
+                found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
+                hyps = [h[:opts.nbest] for h in beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a,
+                                                            opts.max_len_b, found)]
+        for i, h in zip(idx, hyps, strict=True):
+            results[i] = h
+    if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them
+        for hyps in results:
+            for h in hyps:
+                h.tokens.reverse()
+    return results
+
+
+def rerank_candidates(model: Reranked, srcs: list[list[int] | None], opts: Options,
+                      device: torch.device) -> tuple[list[list[Hypothesis]], Opinions]:
+    """What `rerank` chooses among for each source (none for a None source): the left-to-right model's K best,
+    joined by the right-to-left model's own where it has a weight (mt/decode/rerank.py), and every model's scores of each."""
+    wide = replace(opts, nbest=opts.beam)
+    found = search_lines(model.left, srcs, wide, device)
+    theirs = search_lines(model.right, srcs, wide, device) if model.right_searches(opts.rerank_weight) else None
+    with autocast(opts.precision, device):
+        if theirs is not None:
+            found = joined(model, srcs, found, theirs, opts.batch_tokens, device)
+        return found, opinions(model, srcs, found, opts.batch_tokens, device)
+
+
+def compiled(loaded: Loaded, opts: Options, device: torch.device) -> Loaded:
+    """`loaded` with its decoding step compiled (`mt.model.fast.compile_decoding`), and compiled now, at load, for the
+    kinds of shape decoding meets: a lone sentence, a batch, and a lone sentence of another length (after which
+    the compiled steps take any length), so that the first lines translated do not wait for the compiler. A
+    CTranslate2 model is returned as it is."""
+    if isinstance(loaded.model, CTranslate2Model):
+        return loaded
+    compile_decoding(loaded.model)
+    for srcs in ([[5, 6, 7]], [[5, 6, 7], [5, 6, 7, 8, 9, 10]], [[8, 9]]):  # any ids: only the shapes matter
+        translate_ids(loaded.model, srcs, opts, device)
+    # Compiling leaves some 500,000 objects that live as long as the model: kept out of the garbage collector's full
+    # passes, each of which would otherwise walk them all (0.5 s on 2 cores) in the middle of translating.
+    gc.freeze()
+    return loaded
+
+
+def render(loaded: Loaded, index: int, hyps: list[Hypothesis], nbest: int) -> list[str]:
+    """The output lines of input line `index` (0-based): the best text, or the `nbest` as `i ||| text ||| score`."""
+    texts = loaded.tgt_tok.decode([h.tokens for h in hyps]) if hyps else [""]
+    if nbest == 1:
+        return texts[:1]
+    return [f"{index} ||| {text} ||| {h.score:.4f}"
+            for text, h in zip(texts, hyps or [Hypothesis([], 0.0, 0.0)], strict=True)]
+
+
+def attend(loaded: Loaded, srcs: list[list[int] | None], results: list[list[Hypothesis]], offset: int,
+           attention: Attention, batch_tokens: int) -> list[str]:
+    """The alignment line of each line of a chunk ("" for a blank one), from the attention of its best
+    translation, decoded once more teacher-forced; draws each translated line's heatmap when asked."""
+    todo = [i for i, hyps in enumerate(results) if hyps]
+    tgts = [results[i][0].tokens for i in todo]
+    weights = pair_attention(loaded.model, [srcs[i] for i in todo], tgts, batch_tokens)
+    aligned = [""] * len(results)
+    for i, tgt, attn in zip(todo, tgts, weights, strict=True):
+        if attention.heatmap_dir is not None:
+            heatmap(attn, to_pieces(loaded.src_tok.sp, srcs[i]), to_pieces(loaded.tgt_tok.sp, tgt),
+                    attention.heatmap_dir / f"{offset + i + 1:06d}.png", attention.layer, attention.head)
+        aligned[i] = pharaoh(alignments(attn, attention.layer, attention.head))
+    return aligned

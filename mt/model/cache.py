@@ -1,0 +1,71 @@
+"""The decoder's KV cache: what incremental decoding carries from one step to the next, and how beam search
+reorders it. `Transformer.start_cache` makes one and `decode_step` returns it one position longer (mt/model/transformer.py);
+nothing is kept on the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class DecoderCache:
+    """Everything incremental decoding needs between steps, per decoder layer.
+
+    Rows of the self-attention buffers are (sentence × beam), a sentence's `beam` rows side by side; the encoder
+    memory has one row per sentence. `decode_step` writes into the self-attention buffers in place and returns
+    the cache one position longer: a cache is used once, then replaced by the one returned.
+    """
+
+    mem_k: list[Tensor]  # (n, H, S, Dh) per layer: the encoder output's cross-attention keys, computed once
+    mem_v: list[Tensor]
+    self_k: list[Tensor]  # (L, n * beam, H, Dh) per layer: keys of the target prefix, positions [0, length) filled
+    self_v: list[Tensor]
+    src_mask: Tensor  # (n, 1, 1, S)
+    length: int = 0  # target positions decoded so far
+    beam: int = 1
+
+    def select(self, rows: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        """Keep (and reorder) the rows in `rows` of the target-side state, e.g. to follow the beams, and, when
+        sentences finish, the `sentences` kept of the encoder side. `rows` must stay grouped by sentence.
+
+        Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block. While
+        all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
+        their row): this cache's buffers are then reused, as `decode_step` reuses them.
+        """
+        width = self.self_k[0].size(1)
+
+        def at_filled(r: Tensor) -> Tensor:
+            """Rows r at every filled position, as indices into a buffer's `as_rows` view."""
+            return (torch.arange(self.length, device=r.device)[:, None] * width + r).view(-1)
+
+        if sentences is None and rows.numel() == width:
+            moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
+            if moved.numel() < rows.numel() // 2:
+                to, src = at_filled(moved), at_filled(rows[moved])
+                for buf in self.self_k + self.self_v:
+                    flat = as_rows(buf)
+                    flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
+                return self
+        picked = at_filled(rows)
+
+        def pick_filled(buf: Tensor) -> Tensor:
+            new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
+            torch.index_select(as_rows(buf), 0, picked, out=as_rows(new)[:picked.numel()])
+            return new
+
+        mem_k, mem_v, src_mask = self.mem_k, self.mem_v, self.src_mask
+        if sentences is not None:
+            mem_k = [k.index_select(0, sentences) for k in mem_k]
+            mem_v = [v.index_select(0, sentences) for v in mem_v]
+            src_mask = src_mask.index_select(0, sentences)
+        return DecoderCache(mem_k, mem_v, [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
+                            src_mask, self.length, self.beam)
+
+
+def as_rows(buf: Tensor) -> Tensor:
+    """A (L, B, H, Dh) buffer as (L * B, H * Dh) rows: indexing whole rows of a 2-D tensor is the fastest copy."""
+    return buf.view(-1, buf.size(2) * buf.size(3))

@@ -1,0 +1,203 @@
+"""The fast paths: faster kernels swapped into the plain model of mt/model/transformer.py, for training and for decoding.
+
+`for_training(model)` and `for_inference(model, precision)` each swap layers or kernels of a built model in place
+and return it; parameters and state dict stay those of the plain model, so checkpoints are the same either way.
+Every fast path keeps to where it is the faster kernel (mostly fp32 on CPU, outside autocast and
+torch.compile) and runs the plain kernel everywhere else; tests/model/test_fast.py checks that each one computes what
+the plain path computes. docs/performance.md tells what each one gains.
+
+Training (`for_training`):
+- `mt.model.fast_linear.Linear`: fp32 CPU matmuls through oneDNN, which uses AVX-512 where MKL does not (non-Intel CPUs).
+- `mt.model.fast_dropout.Dropout`: CPU dropout masks from 16-bit random integers, where `F.dropout` draws them slowly.
+- `cpu_training_attention`: attention in plain matmuls where PyTorch's fused CPU kernel is the slower one.
+- `mt.model.fast_loss.output_loss`: the output layer and the loss fused, a block of rows at a time, never all the logits.
+Decoding (`for_inference`):
+- `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches.
+- `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
+- int8 (a precision, not only a fast path): dynamically quantized linears; `Bf16Linear` for the output layer
+  where the CPU multiplies bf16 in hardware.
+- `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused.
+
+Switches (environment variables):
+- `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
+  applies int8 quantization when that precision is asked for. `MT_FAST=1` (the default) turns them on.
+- `MT_CPU_MATMUL=mkl|onednn|auto` chooses the fp32 CPU matmul kernel of the fast linears (see mt/model/fast_linear.py).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import mt.model.fast_loss
+from mt.device import native_bf16
+from mt.errors import MtError
+from mt.model.fast_dropout import Dropout, dropout
+from mt.model.fast_linear import Linear, onednn_linear, prefers_onednn
+from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def enabled() -> bool:
+    """Whether the fast paths are on: the MT_FAST environment variable, 1 (the default) or 0."""
+    value = os.environ.get("MT_FAST", "1")
+    if value not in ("0", "1"):
+        raise MtError(f"MT_FAST={value!r}: set it to 1 (fast paths on, the default) or 0 (off)")
+    return value == "1"
+
+
+def for_training(model: nn.Module) -> nn.Module:
+    """The model to train, with the training fast paths swapped in (see the module docstring), in place.
+
+    Call it before wrapping the model (DDP, torch.compile). The parameters stay the same objects, so an optimizer
+    built before or after sees the same ones, and tied weights stay tied."""
+    if not enabled():
+        return model
+
+    def fast(child: nn.Module) -> nn.Module | None:
+        if type(child) is nn.Linear:
+            return relinked(child, Linear)
+        if type(child) is nn.Dropout:
+            return Dropout(child.p).train(child.training)
+        return None
+
+    swap_children(model, fast)
+    set_attention(model, cpu_training_attention, matmul_attention)
+    for module in model.modules():
+        if isinstance(module, Transformer):
+            module.output_loss = mt.model.fast_loss.output_loss
+    return model
+
+
+def for_inference(model: nn.Module, precision: str) -> nn.Module:
+    """The model to decode with, in eval mode and changed in place (it can no longer be trained): its linear
+    layers frozen (`FrozenLinear`), or int8 dynamically quantized, and plain-matmul attention in decoding steps.
+
+    int8 quantizes every linear layer's weights but the output layer's once and each activation on the fly (CPU
+    only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch,
+    so an int8 translation may change slightly with the sentences batched beside it; fp32 translates a sentence
+    the same alone or in any batch.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    fast = enabled()
+    if precision == "int8":
+        model = quantize_int8(model)
+        if fast and native_bf16():
+            model.output = Bf16Linear(model.output)
+    if fast:
+        swap_children(model, lambda child: FrozenLinear(child) if type(child) in (nn.Linear, Linear) else None)
+        set_attention(model, attention, matmul_attention)
+    return model.eval()
+
+
+def compile_decoding(model: nn.Module) -> nn.Module:
+    """The model with each Transformer's decoding step (`step_layers`: layers and output layer) compiled by
+    torch.compile, in place. A step runs dozens of small ops whose fixed costs outweigh their work on a few rows,
+    so this pays most on small batches: a lone sentence, a server's calls. The first steps of each new kind of
+    shape compile (a lone sentence, a batch: `mt.decode.translate.compiled` runs both at load)."""
+    for module in model.modules():
+        if isinstance(module, Transformer):
+            module.step_layers = torch.compile(module.step_layers, dynamic=True)
+    return model
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """The model with every linear layer but the output layer dynamically quantized to int8, in place."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor; it still works
+        # The output projection is not quantized: it decides every token, and int8 there cost the most BLEU.
+        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "output"}
+        for name in linears:  # the quantizer takes nn.Linear itself, not subclasses such as mt.model.fast_linear's Linear
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, relinked(model.get_submodule(name), nn.Linear))
+        return torch.ao.quantization.quantize_dynamic(model, linears, dtype=torch.qint8, inplace=True)
+
+
+def swap_children(model: nn.Module, swap: Callable[[nn.Module], nn.Module | None]) -> None:
+    """Replaces, in place, every submodule `child` of the model for which `swap(child)` returns a module."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            new = swap(child)
+            if new is not None:
+                setattr(module, name, new)
+
+
+def relinked(layer: nn.Linear, cls: type[nn.Linear]) -> nn.Linear:
+    """A `cls` (nn.Linear or a subclass) holding `layer`'s own parameters, not copies."""
+    new = cls(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    new.weight, new.bias = layer.weight, layer.bias
+    return new.train(layer.training)
+
+
+def set_attention(model: nn.Module, attend: Callable[..., Tensor], attend_step: Callable[..., Tensor]) -> None:
+    """Sets the attention kernels of every attention layer: of whole sequences, and of one decoding step."""
+    for module in model.modules():
+        if isinstance(module, (SelfAttention, CrossAttention)):
+            module.attend, module.attend_step = attend, attend_step
+
+
+def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float = 0.0,
+                     causal: bool = False) -> Tensor:
+    """`mt.model.transformer.attention` in plain matmuls, its dropout mask drawn by mt.model.fast_dropout: for the few queries of a
+    decoding step, and for CPU training where `cpu_training_attention` says so."""
+    if causal:
+        n = q.size(-2)
+        before = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
+        mask = before if mask is None else mask & before
+    scores = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf)
+    return dropout(scores.softmax(dim=-1), p_drop, p_drop > 0) @ v
+
+
+def cpu_training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float,
+                           causal: bool) -> Tensor:
+    """`mt.model.transformer.attention`, step by step in matmuls where PyTorch's fused kernel is the slower one in CPU
+    training (forward and backward): with attention dropout (no fused CPU kernel has it), in bf16 (its fused
+    backward is slow), and in fp32 over few keys. Everywhere else, the fused kernel."""
+    if q.device.type == "cpu" and q.requires_grad and not torch.compiler.is_compiling() and (
+            p_drop > 0.0 or q.dtype != torch.float32 or k.size(-2) <= 64):
+        return matmul_attention(q, k, v, mask, p_drop, causal)
+    return attention(q, k, v, mask, p_drop, causal)
+
+
+class Bf16Linear(nn.Module):
+    """nn.Linear for inference in bf16 (fp32 accumulation), returning fp32: the int8 model's output layer on CPUs
+    that multiply bf16 in hardware, where it is faster than fp32 and its logits are good to about three
+    significant digits."""
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.register_buffer("weight", layer.weight.detach().to(torch.bfloat16))
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(torch.bfloat16), self.weight, self.bias).float()
+
+
+class FrozenLinear(nn.Module):
+    """nn.Linear for inference, its weight stored transposed and contiguous, (in_features, out_features).
+
+    F.linear multiplies by the transpose of an (out, in) weight; on CPU, MKL runs the small matrices of
+    step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is the faster
+    kernel (see mt/model/fast_linear.py), fp32 goes through it instead, as fast with this layout.
+    """
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        if prefers_onednn(x, self.weight_t):  # a frozen layer has no gradient: the kernel, without autograd
+            return onednn_linear(x, self.weight_t.t(), self.bias)
+        flat = x.reshape(-1, x.size(-1))
+        y = flat @ self.weight_t if self.bias is None else torch.addmm(self.bias, flat, self.weight_t)
+        return y.view(*x.shape[:-1], y.size(-1))

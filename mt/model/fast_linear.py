@@ -1,0 +1,115 @@
+"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU (a fast path of mt/model/fast.py).
+
+PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
+Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it. `Linear` is an `nn.Linear` (same
+parameters, same checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on such CPUs:
+AVX-512 and not Intel. The choice is a fact of the machine, not a timing, so every process on it computes the
+same numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes,
+`torch.compile`, Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
+
+`MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mt.device import cpu_vendor
+
+CHOICES = ("auto", "mkl", "onednn")
+
+
+def onednn_mm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (N, in) @ weight (out, in)^T + bias through oneDNN; strided (transposed) operands need no copy."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch build has the oneDNN linear kernel."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def use_onednn() -> bool:
+    """Whether fp32 CPU matmuls go through oneDNN in this process: MT_CPU_MATMUL, else the machine's rule."""
+    choice = os.environ.get("MT_CPU_MATMUL", "auto")
+    if choice not in CHOICES:
+        raise ValueError(f"MT_CPU_MATMUL must be one of {', '.join(CHOICES)}, not {choice!r}")
+    if not onednn_available():
+        return False
+    if choice != "auto":
+        return choice == "onednn"
+    return cpu_vendor() not in ("GenuineIntel", "") and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+class OneDnnLinear(torch.autograd.Function):
+    """y = x W^T + b with all three matmuls (forward, input and weight gradients) in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        flat = x.reshape(-1, x.size(-1))
+        ctx.save_for_backward(flat, weight)
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        return onednn_mm(flat, weight, bias).view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        flat, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.size(-1))
+        grad_x = onednn_mm(g, weight.t()).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
+        grad_w = onednn_weight_grad(g, flat) if ctx.needs_input_grad[1] else None
+        grad_b = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., in) @ weight^T + bias through oneDNN, without autograd: for decoding, where nothing needs a gradient."""
+    return onednn_mm(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], weight.size(0))
+
+
+def onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
+    """g^T x, (out, in), for g (N, out) and x (N, in). oneDNN copies an input given transposed, not a weight, so
+    the smaller of the two goes in as the input: for the output layer, x rather than the tokens × vocabulary
+    gradient."""
+    if x.size(1) <= g.size(1):
+        return onednn_mm(x.t(), g.t()).t()
+    return onednn_mm(g.t(), x.t())
+
+
+def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:
+    """fp32 on CPU, outside autocast and torch.compile: where mt's own CPU kernels apply."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
+    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is the faster kernel."""
+    return plain_cpu_fp32(x, weight) and use_onednn()
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear, through oneDNN for fp32 on CPU where that is faster (see the module docstring)."""
+    if prefers_onednn(x, weight):
+        if not torch.is_grad_enabled():  # decoding: the same kernel without autograd.Function's cost per call
+            return onednn_linear(x, weight, bias)
+        return OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def linear_grads(g: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients of `linear(x, weight)` for the output gradient g (N, out), x (N, in): g W and g^T x."""
+    if prefers_onednn(x, weight):
+        return onednn_mm(g, weight.t()), onednn_weight_grad(g, x)
+    return g @ weight, g.t() @ x
+
+
+class Linear(nn.Linear):
+    """nn.Linear on `linear`: the same parameters and state dict, the faster CPU kernel."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)

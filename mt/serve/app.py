@@ -1,0 +1,332 @@
+"""`mt serve`: checkpoints behind HTTP, on FastAPI and uvicorn.
+
+The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients work unchanged; mt's own
+(`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
+`GET /metrics` (Prometheus); the page at `/`. Concurrent requests are batched together by mt/serve/batcher.py. Limits
+(characters per line, lines per request, queue room, a timeout per request) answer with a status and
+`{"error": ...}`, never by falling over: mt/serve/checks.py judges each request before it is queued,
+mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too slow to send their
+requests. No endpoint reads a path a request names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import io
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from mt.decode.alignments import alignments as hard_alignments
+from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
+from mt.decode.load import Loaded
+from mt.decode.search import Hypothesis
+from mt.decode.translate import Options, compiled, encode_lines, load_any, translate_lines
+from mt.device import pick_device
+from mt.errors import ApiError, MtError
+from mt.options import ServeOptions
+from mt.serve.batcher import Batcher, QueueFull, Settings
+from mt.serve.checks import check_key, check_lines, header_key
+from mt.serve.errors import add_error_handlers
+from mt.serve.libretranslate import parse, respond
+from mt.serve.limits import protocol
+from mt.serve.metrics import CountAnswers, Metrics
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's own log, formatted as its messages are
+LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "fr": "French"}
+
+
+@dataclass
+class Served:
+    """One model the server translates with."""
+
+    name: str
+    src: str
+    tgt: str
+    loaded: Loaded
+    batcher: Batcher
+
+
+def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> dict[str, Served]:
+    """Each checkpoint (or CTranslate2 export) loaded once, named by --name or its languages."""
+    if names and len(names) != len(paths):
+        raise MtError(f"--name was given {len(names)} times for {len(paths)} checkpoints: give one per checkpoint")
+    device = pick_device(options.device)
+    models: dict[str, Served] = {}
+    for i, path in enumerate(paths):
+        holder: dict[str, Loaded] = {}
+
+        def setup(path=path, holder=holder):  # on the worker thread: see mt/serve/batcher.py
+            if options.threads:
+                torch.set_num_threads(options.threads)
+            holder["loaded"] = load_any(path, device, options.precision)
+            if options.compile:
+                compiled(holder["loaded"], Options.from_config(holder["loaded"].config.decode,
+                                                               precision=options.precision), device)
+            return translator(holder["loaded"], device, options.precision)
+        batcher = Batcher(setup, options.max_waiting, name=path.name)
+        loaded = holder["loaded"]
+        batcher.batch_tokens = loaded.config.decode.batch_tokens if options.batching else 0  # 0: a request a call
+        langs = loaded.state.get("langs") or (loaded.state.get("export") or {}).get("langs") or {}
+        src, tgt = langs.get("src") or "src", langs.get("tgt") or "tgt"
+        name = names[i] if names else f"{src}-{tgt}"
+        if name in models:
+            batcher.stop()
+            raise MtError(f"{path}: a second model named {name}; give each checkpoint a --name")
+        models[name] = Served(name, src, tgt, loaded, batcher)
+    return models
+
+
+def translator(loaded: Loaded, device: torch.device, precision: str):
+    """What a model's worker calls: lines and decoding settings in, hypotheses per line out (as mt translate)."""
+    def translate(lines: list[str], settings: Settings) -> list[list[Hypothesis]]:
+        beam, len_penalty, nbest = settings
+        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
+                                   precision=precision)
+        opts.beam = max(opts.beam, opts.nbest)
+        return translate_lines(loaded, lines, opts, device, warn=io.StringIO())  # cut lines: no stderr per request
+    return translate
+
+
+class NativeRequest(BaseModel):
+    model: str | None = None  # default: the only model, if one
+    text: list[str]
+    beam: int | None = Field(None, ge=1, le=64)
+    len_penalty: float | None = Field(None, ge=0.0, le=10.0)
+    nbest: int = Field(1, ge=1, le=16)
+    scores: bool = False
+    alignments: bool = False
+
+
+class AttentionRequest(BaseModel):
+    model: str | None = None
+    text: str
+
+
+def create_app(models: dict[str, Served], options: ServeOptions | None = None) -> FastAPI:
+    options = options or ServeOptions()
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        for served in models.values():  # uvicorn has stopped accepting and answered what was in flight
+            served.batcher.stop()
+
+    app = FastAPI(title="mt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.models, app.state.options, app.state.metrics = models, options, Metrics(models)
+    if options.cors:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=options.cors, allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
+    add_error_handlers(app)
+    add_info_routes(app)
+    add_translation_routes(app)
+    app.add_middleware(CountAnswers, metrics=app.state.metrics)
+    return app
+
+
+def add_info_routes(app: FastAPI) -> None:
+    models, metrics = app.state.models, app.state.metrics
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return resources.files("mt.serve").joinpath("static/serve.html").read_text(encoding="utf-8")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        alive = all(m.batcher.thread.is_alive() for m in models.values())
+        return JSONResponse({"ready": alive, "models": list(models)}, 200 if alive else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"models": [describe(m) for m in models.values()]}
+
+    @app.get("/languages")
+    async def languages():
+        sources = sorted({m.src for m in models.values()})
+        return [{"code": s, "name": LANGUAGE_NAMES.get(s, s),
+                 "targets": sorted(m.tgt for m in models.values() if m.src == s)} for s in sources]
+
+
+def add_translation_routes(app: FastAPI) -> None:
+    models, options = app.state.models, app.state.options
+
+    @app.post("/v1/translate")
+    async def native(body: NativeRequest, request: Request):
+        check_key(options, header_key(request))
+        served = pick(models, body.model)
+        results = await translate(app, request, served, body.text,
+                                  settings(served, body.beam, body.len_penalty, body.nbest), "v1")
+        aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
+            else None
+        return {"model": served.name, "translations": [
+            render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
+            for i, hyps in enumerate(results)]}
+
+    @app.post("/v1/attention")
+    async def attention(body: AttentionRequest, request: Request):
+        check_key(options, header_key(request))
+        served = pick(models, body.model)
+        results = await translate(app, request, served, [body.text], settings(served), "attention")
+        return await served.batcher.run_alone(lambda: attention_map(served, body.text, results[0]))
+
+    @app.post("/translate")
+    async def libretranslate(request: Request):
+        query = await parse(request)
+        check_key(options, query.api_key or header_key(request))
+        served = pick_by_languages(models, query.source, query.target)
+        results = await translate(app, request, served, query.lines, settings(served), "translate")
+        return respond(query, served.src, [render(served, hyps, 1, False)["text"] for hyps in results])
+
+
+def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1) -> Settings:
+    """A request's decoding settings: what it asks for, else the model's decode config."""
+    decode = served.loaded.config.decode
+    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest
+
+
+async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
+                    endpoint: str) -> list[list[Hypothesis]]:
+    """Queue `lines` for `served`'s worker, within the limits; the hypotheses of each line. A request that times
+    out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
+    options, metrics = app.state.options, app.state.metrics
+    check_lines(lines, options)
+    started = time.perf_counter()
+    submitted = asyncio.ensure_future(served.batcher.submit(lines, settings))
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({submitted, gone}, timeout=options.timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not submitted.done():
+        submitted.cancel()
+        if gone.done() and not gone.cancelled():
+            raise ApiError(499, "the client closed the connection")  # nobody reads this; the log does
+        raise ApiError(504, f"not translated within {options.timeout:g} s (--timeout); retry, or send fewer lines")
+    try:
+        results = submitted.result()
+    except QueueFull:
+        raise ApiError(503, f"model {served.name} is busy: its queue is full; retry shortly",
+                       {"Retry-After": "1"}) from None
+    except UnicodeError as error:  # check_lines lets no such line through; should one pass, it is still the text's
+        raise ApiError(400, f"the text cannot be translated ({error}): send valid Unicode") from None
+    except Exception:  # the batcher has retried it alone: this request, and only this one, fails
+        log.exception("model %s failed on a request of %d lines", served.name, len(lines))
+        raise ApiError(500, "internal error: the model failed on this request; the server's log has the cause") \
+            from None
+    metrics.served(endpoint, served, lines, results, time.perf_counter() - started)
+    return results
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection: the body has been read, so the server's next message
+    is the disconnect (uvicorn sends it when the connection is lost or the response has been sent)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def pick(models: dict[str, Served], name: str | None) -> Served:
+    if name is None and len(models) == 1:
+        return next(iter(models.values()))
+    if name not in models:
+        raise ApiError(404 if name else 400, f"{'no model ' + repr(name) if name else 'give a model'}; the models "
+                                             f"are {', '.join(models)}")
+    return models[name]
+
+
+def pick_by_languages(models: dict[str, Served], source: str, target: str) -> Served:
+    """LibreTranslate's choice: the model for `source` → `target`; `auto`: the one model into `target`."""
+    fits = [m for m in models.values() if m.tgt == target and source in ("auto", m.src)]
+    if len(fits) == 1:
+        return fits[0]
+    pairs = ", ".join(f"{m.src}→{m.tgt}" for m in models.values())
+    if not fits:
+        raise ApiError(400, f"no model translates {source}→{target}; the models translate {pairs}")
+    raise ApiError(400, f"source auto is ambiguous: {len(fits)} models translate into {target}; give source "
+                        f"({', '.join(m.src for m in fits)})")
+
+
+def describe(served: Served) -> dict:
+    decode = served.loaded.config.decode
+    return {"name": served.name, "source": served.src, "target": served.tgt, "beam": decode.beam,
+            "len_penalty": decode.len_penalty}
+
+
+def render(served: Served, hyps: list[Hypothesis], nbest: int, scores: bool, alignment: str | None = None
+           ) -> dict:
+    """One line's result: its text, and, when asked, its score, n best and alignment."""
+    texts = served.loaded.tgt_tok.decode([h.tokens for h in hyps]) if hyps else [""]
+    out: dict = {"text": texts[0]}
+    if scores:
+        out["score"] = hyps[0].score if hyps else 0.0
+    if nbest > 1:
+        out["nbest"] = [{"text": t, "score": h.score} for t, h in zip(texts, hyps, strict=True)] if hyps else []
+    if alignment is not None:
+        out["alignment"] = alignment
+    return out
+
+
+def align(served: Served, lines: list[str], results: list[list[Hypothesis]]) -> list[str]:
+    """Each line's Pharaoh alignment of its best translation, as `mt translate --alignments` writes it."""
+    loaded = served.loaded
+    if not isinstance(loaded.model, torch.nn.Module):
+        raise ApiError(400, "alignments need mt's own model, not a CTranslate2 export")
+    refuse_right_to_left(loaded, "alignments")
+    srcs = encode_lines(loaded, lines, warn=io.StringIO())
+    todo = [i for i, hyps in enumerate(results) if hyps]
+    weights = pair_attention(loaded.model, [srcs[i] for i in todo], [results[i][0].tokens for i in todo])
+    aligned = [""] * len(lines)
+    for i, attn in zip(todo, weights, strict=True):
+        aligned[i] = pharaoh(hard_alignments(attn))
+    return aligned
+
+
+def refuse_right_to_left(loaded: Loaded, what: str) -> None:
+    if loaded.model.cfg.right_to_left:  # its attention rows run last piece first
+        raise ApiError(400, f"no {what} from a right-to-left model (model.right_to_left): it reads its output last "
+                            "piece first; ask without them, or serve a left-to-right model")
+
+
+def attention_map(served: Served, line: str, hyps: list[Hypothesis]) -> dict:
+    """The page's heatmap: source and target pieces (each with EOS) and the mean cross-attention, a row per
+    target piece."""
+    loaded = served.loaded
+    if not isinstance(loaded.model, torch.nn.Module):
+        raise ApiError(400, "attention needs mt's own model, not a CTranslate2 export")
+    refuse_right_to_left(loaded, "attention")
+    src = encode_lines(loaded, [line], warn=io.StringIO())[0]
+    text = render(served, hyps, 1, False)["text"]
+    if src is None or not hyps:
+        return {"text": text, "source": [], "target": [], "weights": []}
+    weights = select(pair_attention(loaded.model, [src], [hyps[0].tokens])[0])
+    return {"text": text, "source": to_pieces(loaded.src_tok.sp, src), "target": to_pieces(loaded.tgt_tok.sp,
+            hyps[0].tokens), "weights": [[round(w, 4) for w in row] for row in weights.tolist()]}
+
+
+def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
+    """Load the models, then serve until SIGTERM or Ctrl-C (uvicorn answers what is in flight, then exits)."""
+    import uvicorn
+
+    app = create_app(load_models(paths, names, options), options)
+    # What loading left (the models, compiled code) lives as long as the server: out of the garbage collector's
+    # full passes, which walk every object and would stall requests (about 0.1 s a pass, 0.5 s with --compile).
+    gc.freeze()
+    uvicorn.run(app, host=options.host, port=options.port, log_level="info", timeout_graceful_shutdown=30,
+                http=protocol(options))

@@ -1,0 +1,77 @@
+"""What `mt serve` checks of a request before it queues it for a model: its API key, and its lines (how many, how
+long, and that they are text). Each request is judged alone, so nothing a client sends reaches the model call it
+would share with other clients' requests unless it can be translated. Also the keys themselves, read at start:
+asked for keys and given none, the server refuses to start rather than serve everyone.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from fastapi import Request
+
+from mt.data.lines import read_text
+from mt.errors import ApiError, MtError
+from mt.options import ServeOptions
+
+
+def check_lines(lines: list[str], options: ServeOptions) -> None:
+    if len(lines) > options.max_lines:
+        raise ApiError(413, f"{len(lines)} lines in one request; the limit is {options.max_lines} (--max-lines): "
+                            f"send them in several requests")
+    for i, line in enumerate(lines, 1):
+        if len(line) > options.max_chars:
+            raise ApiError(413, f"line {i} has {len(line)} characters; the limit is {options.max_chars} "
+                                f"(--max-chars): split it")
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as error:  # JSON's "\ud800" parses to half a UTF-16 pair, which is no character
+            raise ApiError(400, f"line {i} holds a lone surrogate (U+{ord(line[error.start]):04X}) at character "
+                                f"{error.start + 1}: it is half of a UTF-16 pair, not text; send the whole "
+                                f"character, or drop it") from None
+
+
+def header_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+
+
+def check_key(options: ServeOptions, key: str | None) -> None:
+    if not options.api_keys:
+        return
+    if not key:
+        raise ApiError(401, "an API key is needed: send `Authorization: Bearer KEY` (or `api_key` in the body)")
+    if not accepted(options.api_keys, key):
+        raise ApiError(403, "this API key is not accepted")
+
+
+def accepted(keys: frozenset[str], key: str) -> bool:
+    """Whether `key` is one of `keys`, in a time that tells nothing of how much of it matched: each key is compared
+    with hmac.compare_digest, and all of them are."""
+    given = key.encode("utf-8", "surrogatepass")  # a JSON api_key may hold a lone surrogate
+    found = False
+    for known in keys:
+        found |= hmac.compare_digest(known.encode("utf-8", "surrogatepass"), given)
+    return found
+
+
+def api_keys(keys: list[str], path: Path | None = None) -> frozenset[str]:
+    """The keys given on the command line and those of a keys file, one per line (blank lines skipped), each
+    trimmed. A blank key, or a file that cannot be read or holds none, is an `MtError`: the server must not start
+    open to everyone when it was asked for keys."""
+    given = [key.strip() for key in keys]
+    if not all(given):
+        raise MtError("--api-key was given a blank key: give the key itself, e.g. --api-key \"$(cat key.txt)\"")
+    if path is None:
+        return frozenset(given)
+    try:
+        lines = read_text(path)
+    except MtError as error:
+        raise MtError(f"--api-keys-file {error}: give a readable file of keys, one per line; the server does not "
+                      f"start without the keys it was asked for") from None
+    from_file = [line.strip() for line in lines if line.strip()]
+    if not from_file:
+        raise MtError(f"--api-keys-file {path}: no key in it, only blank lines: write one key per line; the server "
+                      f"does not start without the keys it was asked for")
+    return frozenset(given) | frozenset(from_file)

@@ -1,0 +1,74 @@
+"""LibreTranslate's `POST /translate`, as its clients send it: JSON or a form, `q` a string or a list, `source`
+(or "auto"), `target`, `format` ("text"; "html" is refused), and `api_key` in the body."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from fastapi import Request
+
+from mt.errors import ApiError
+from mt.serve.errors import unreadable
+
+
+@dataclass
+class Query:
+    lines: list[str]
+    single: bool  # `q` was one string: answer with one string
+    source: str
+    target: str
+    api_key: str | None
+
+
+async def parse(request: Request) -> Query:
+    body = await fields(request)
+    q = body.get("q")
+    single = isinstance(q, str)
+    if not single and not (isinstance(q, list) and all(isinstance(x, str) for x in q)):
+        raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+    for key in ("source", "target"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            raise ApiError(400, f"Invalid request: missing {key} parameter (a language code)")
+    if body.get("format", "text") != "text":
+        raise ApiError(400, f"format {body.get('format')!r} is not supported; send format=text")
+    key = body.get("api_key")
+    return Query([q] if single else q, single, body["source"], body["target"], key if isinstance(key, str) else None)
+
+
+def respond(query: Query, src: str, texts: list[str]) -> dict:
+    out: dict = {"translatedText": texts[0] if query.single else texts}
+    if query.source == "auto":  # as LibreTranslate reports a detection; here, the model's source language
+        detected = {"confidence": 100.0, "language": src}
+        out["detectedLanguage"] = detected if query.single else [detected] * len(texts)
+    return out
+
+
+async def fields(request: Request) -> dict:
+    """The body's fields: a JSON object, or a form (a field given more than once: the list of its values)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError) as error:  # ValueError: bad JSON, bad UTF-8, a number of 4300 digits
+            raise unreadable(error) from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object with q, source and target")
+        return body
+    if kind == "application/x-www-form-urlencoded":  # read here, strictly: Starlette turns bad UTF-8 into U+FFFD
+        try:
+            pairs = parse_qsl((await request.body()).decode("utf-8"), keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError as error:
+            raise ApiError(400, f"the form is not valid UTF-8 ({error.reason}): send its text encoded as UTF-8, "
+                                f"then %-escaped") from None
+    elif kind == "multipart/form-data":
+        async with request.form() as form:  # closes what it spooled of file fields
+            pairs = list(form.multi_items())
+    else:
+        raise ApiError(415, f"the body must be JSON or a form: send Content-Type: application/json (or "
+                            f"application/x-www-form-urlencoded), not {kind or 'none'}")
+    grouped: dict[str, list] = {}
+    for key, value in pairs:
+        grouped.setdefault(key, []).append(value)
+    return {key: values if len(values) > 1 else values[0] for key, values in grouped.items()}

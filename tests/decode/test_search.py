@@ -1,0 +1,143 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mt.config import ModelConfig
+from mt.data.tokenizer import BOS, EOS, PAD
+from mt.decode.search import beam_search, greedy, length_penalty
+
+from ..conftest import tiny_model
+
+
+def sources(n=5, vocab=40, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 9, (n,), generator=g)
+    src = torch.full((n, int(lengths.max()) + 1), PAD)
+    for i, L in enumerate(lengths.tolist()):
+        src[i, :L] = torch.randint(4, vocab, (L,), generator=g)
+        src[i, L] = EOS
+    return src
+
+
+def test_beam_one_equals_greedy():
+    model = tiny_model(seed=2)
+    src = sources()
+    g = greedy(model, src, max_len_a=1.0, max_len_b=5)
+    b = beam_search(model, src, beam=1, len_penalty=0.6, max_len_a=1.0, max_len_b=5)
+    assert [h.tokens for h in g] == [hs[0].tokens for hs in b]
+    for gh, bh in zip(g, b, strict=True):
+        assert gh.logprob == pytest.approx(bh[0].logprob, abs=1e-4)
+
+
+def test_batch_equals_one_by_one():
+    model = tiny_model(seed=4)
+    src = sources(n=6)
+    batched = beam_search(model, src, beam=3, max_len_a=1.0, max_len_b=4, nbest=2)
+    for i in range(src.size(0)):
+        row = src[i:i + 1, : int((src[i] != PAD).sum())]
+        alone = beam_search(model, row, beam=3, max_len_a=1.0, max_len_b=4, nbest=2)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
+    g_batched = greedy(model, src, 1.0, 4)
+    g_alone = [greedy(model, src[i:i + 1, : int((src[i] != PAD).sum())], 1.0, 4)[0] for i in range(src.size(0))]
+    assert [h.tokens for h in g_batched] == [h.tokens for h in g_alone]
+
+
+class PrefixCache:
+    """The fake model's decoding state: each row's prefix, reordered by `select` like a real cache."""
+
+    def __init__(self, prefix: torch.Tensor):
+        self.prefix = prefix
+
+    def select(self, rows, sentences=None):
+        return PrefixCache(self.prefix.index_select(0, rows))
+
+
+class FixedModel(nn.Module):
+    """A stand-in decoder whose next-token distribution depends only on the prefix, from a hand-made table."""
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]], vocab: int = 8):
+        super().__init__()
+        self.table, self.vocab = table, vocab
+        self.cfg = ModelConfig(max_len=32, src_vocab_size=vocab, tgt_vocab_size=vocab)
+
+    def encode(self, src):
+        return torch.zeros(src.size(0), src.size(1), 1), (src != PAD)[:, None, None, :]
+
+    def start_cache(self, memory, src_mask, max_steps=None, beam=1):
+        return PrefixCache(torch.zeros(memory.size(0) * beam, 0, dtype=torch.long))
+
+    def decode_step(self, tokens, cache):
+        started = cache.prefix.size(1) > 0 or bool((tokens != BOS).any())
+        prefix = torch.cat([cache.prefix, tokens[:, None]], 1) if started else cache.prefix
+        logits = torch.full((tokens.size(0), self.vocab), -1e9)
+        for row, p in enumerate(prefix.tolist()):
+            for tok, prob in self.table.get(tuple(p), {EOS: 1.0}).items():
+                logits[row, tok] = math.log(prob)
+        return logits, PrefixCache(prefix)
+
+
+def test_hand_made_distribution_gives_the_expected_beams_and_scores():
+    # Step 1: A=4 (0.6) or B=5 (0.4). After A: EOS 0.5 or C=6 0.5. After B: EOS 0.9 or C 0.1. After AC: EOS 1.
+    table = {(): {4: 0.6, 5: 0.4}, (4,): {EOS: 0.5, 6: 0.5}, (5,): {EOS: 0.9, 6: 0.1}, (4, 6): {EOS: 1.0},
+             (5, 6): {EOS: 1.0}}
+    model = FixedModel(table)
+    src = torch.tensor([[4, 5, EOS]])
+    # Greedy follows A then EOS (0.6 * 0.5 = 0.3), missing B EOS (0.4 * 0.9 = 0.36), which beam 2 finds.
+    assert greedy(model, src, 1.0, 5)[0].tokens == [4]
+    hyps = beam_search(model, src, beam=2, len_penalty=0.0, max_len_a=1.0, max_len_b=5, nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[5], [4]]
+    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.36), math.log(0.3)])
+    # With a length penalty the longer A C (0.3) outranks A: scores are divided by ((5 + len) / 6) ** alpha.
+    hyps = beam_search(model, src, beam=3, len_penalty=1.0, max_len_a=1.0, max_len_b=5, nbest=3)[0]
+    expected = sorted([([5], math.log(0.36) / length_penalty(2, 1.0)), ([4], math.log(0.3) / length_penalty(2, 1.0)),
+                       ([4, 6], math.log(0.3) / length_penalty(3, 1.0))], key=lambda x: -x[1])
+    assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected]
+    assert [h.score for h in hyps] == pytest.approx([score for _, score in expected])
+
+
+def test_output_length_is_limited():
+    model = tiny_model(seed=5)
+    src = sources(n=3)
+    for h in greedy(model, src, max_len_a=0.0, max_len_b=3):
+        assert len(h.tokens) <= 2  # 3 tokens including EOS
+    for hs in beam_search(model, src, beam=2, max_len_a=0.0, max_len_b=3):
+        assert len(hs[0].tokens) <= 2
+
+
+def test_beams_keep_their_parents_slot_so_the_cache_moves_few_rows():
+    from mt.decode.search import slot_order
+    parents = torch.tensor([[1, 1, 1, 0], [0, 0, 2, 2], [3, 2, 1, 0]])  # the beam each next beam continues
+    at = slot_order(parents)
+    assert sorted(at[0].tolist()) == [0, 1, 2, 3]
+    # Every parent with a child keeps one in its own slot; the other children take the childless slots.
+    assert parents.gather(1, at).tolist() == [[0, 1, 1, 1], [0, 0, 2, 2], [0, 1, 2, 3]]
+    assert at.tolist() == [[3, 0, 1, 2], [0, 1, 2, 3], [3, 2, 1, 0]]
+
+
+@pytest.mark.parametrize("vocab", [8000, 8003, 100])
+def test_top_tokens_are_those_of_topk(vocab):
+    from mt.decode.search import top_tokens
+    logp = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)).log_softmax(-1)
+    logp[1] = -torch.inf  # a row that may only end
+    logp[1, EOS] = 0.0
+    logp[2, -2] = 5.0  # the best token in the tail that fills no chunk
+    values, tokens = top_tokens(logp, 8)
+    expected = logp.topk(8, dim=1)
+    torch.testing.assert_close(values, expected.values)
+    finite = values.isfinite()
+    assert torch.equal(tokens[finite], expected.indices[finite])
+
+
+def test_no_hypothesis_ends_before_min_len():
+    # A model that would end at once: EOS 0.9 after any prefix, else token 4 (or 5 at the start).
+    table = {(): {EOS: 0.9, 4: 0.06, 5: 0.04}}
+    model = FixedModel(table)
+    src = torch.tensor([[4, 5, 6, EOS]])
+    assert greedy(model, src, 0.0, 8)[0].tokens == []
+    for min_len in (1, 3):
+        assert len(greedy(model, src, 0.0, 8, min_len=min_len)[0].tokens) == min_len
+        hyps = beam_search(model, src, beam=2, max_len_a=0.0, max_len_b=8, nbest=2, min_len=min_len)[0]
+        assert [len(h.tokens) for h in hyps] == [min_len, min_len]

@@ -1,0 +1,103 @@
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mt.model.fast_linear
+from mt.data.tokenizer import BOS
+from mt.decode.search import beam_search
+from mt.model.fast import for_inference, for_training
+from mt.model.fast_linear import Linear, OneDnnLinear, onednn_available, use_onednn
+
+from ..conftest import tiny_model
+
+pytestmark = pytest.mark.numerics
+
+onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
+
+
+def force_cpu_matmul(monkeypatch, choice: str) -> None:
+    """Every fp32 CPU matmul of mt's fast linears through `choice` ("onednn" or "mkl", as MT_CPU_MATMUL says) for
+    this test, whatever this machine's rule picks."""
+    if choice == "onednn" and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN linear")
+    monkeypatch.setenv("MT_CPU_MATMUL", choice)
+    monkeypatch.setattr(mt.model.fast_linear, "use_onednn", functools.cache(use_onednn.__wrapped__))  # a cache of its own
+    assert mt.model.fast_linear.use_onednn() == (choice == "onednn")
+
+
+def forward_and_grads(fn, x, w, b, grad):
+    """fn(x, w, b) and the gradients of x, w (and b) for the output gradient `grad`."""
+    leaves = [p.detach().clone().requires_grad_() for p in (x, w, b) if p is not None]
+    out = fn(*leaves) if b is not None else fn(*leaves, None)
+    out.backward(grad)
+    return [out] + [p.grad for p in leaves]
+
+
+@onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_computes_what_f_linear_computes_forward_and_backward(bias):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 9, 48, generator=g), torch.randn(80, 48, generator=g)
+    b = torch.randn(80, generator=g) if bias else None
+    grad = torch.randn(3, 9, 80, generator=g)
+    for ours, theirs in zip(forward_and_grads(OneDnnLinear.apply, x, w, b, grad),
+                            forward_and_grads(F.linear, x, w, b, grad), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)  # fp32: the same sums in another order
+
+
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_the_fast_linear_layer_computes_what_nn_linear_computes(monkeypatch, kernel):
+    force_cpu_matmul(monkeypatch, kernel)
+    torch.manual_seed(0)
+    plain = nn.Linear(48, 80)
+    fast = Linear(48, 80)
+    fast.load_state_dict(plain.state_dict())
+    x, grad = torch.randn(2, 7, 48), torch.randn(2, 7, 80)
+    results = []
+    for layer in (fast, plain):
+        leaf = x.clone().requires_grad_()
+        out = layer(leaf)
+        out.backward(grad)
+        results.append((out, leaf.grad, layer.weight.grad, layer.bias.grad))
+    for ours, theirs in zip(*results, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)  # fp32: the same sums in another order
+    with torch.inference_mode():  # decoding takes a shorter way to the same kernel: the very same numbers
+        assert torch.equal(fast(x), results[0][0].detach())
+    # Outside its conditions (here bf16 autocast) it is the plain kernel: the very same numbers.
+    with torch.autocast("cpu", torch.bfloat16):
+        assert torch.equal(fast(x), plain(x))
+
+
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_the_model_learns_and_translates_the_same_on_either_cpu_kernel(monkeypatch, kernel):
+    src = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(1))
+    tgt = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(2))
+    tgt[:, 0] = BOS
+    results = []
+    for choice in (kernel, None):  # None: the plain model, nn.Linear throughout
+        if choice:
+            force_cpu_matmul(monkeypatch, choice)
+        model = for_training(tiny_model()) if choice else tiny_model()
+        loss = F.cross_entropy(model(src, tgt).flatten(0, 1), tgt.roll(-1, 1).flatten())
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        hyps = beam_search(for_inference(model, "fp32") if choice else model, src, beam=3)
+        results.append((loss.detach(), grads, [[h.tokens for h in n] for n in hyps]))
+    (loss_a, grads_a, hyps_a), (loss_b, grads_b, hyps_b) = results
+    torch.testing.assert_close(loss_a, loss_b)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert hyps_a == hyps_b
+
+
+def test_a_wrong_kernel_override_is_refused_with_the_choices(monkeypatch):
+    monkeypatch.setenv("MT_CPU_MATMUL", "blas")
+    use_onednn.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="MT_CPU_MATMUL must be one of auto, mkl, onednn"):
+            use_onednn()
+    finally:
+        use_onednn.cache_clear()

@@ -1,0 +1,129 @@
+"""Batching across requests without a model: how a steady load of clients is grouped into model calls."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from mt.decode.search import Hypothesis
+from mt.serve.batcher import Batcher, QueueFull
+
+
+def test_clients_that_send_again_as_soon_as_answered_fill_each_call_instead_of_alternating_halves():
+    calls = []
+
+    def translate(lines, settings):
+        calls.append(len(lines))
+        time.sleep(0.2)  # the model at work: each answered client is back well within the refill's share of this
+        return [[Hypothesis([], 0.0, 0.0)] for _ in lines]
+
+    batcher = Batcher(lambda: translate)
+
+    async def client(k):
+        for i in range(4):
+            assert await batcher.submit([f"client {k} line {i}"], (5, 1.0, 1)) == [[Hypothesis([], 0.0, 0.0)]]
+
+    async def eight_clients():
+        await asyncio.gather(*(client(k) for k in range(8)))
+    asyncio.run(eight_clients())
+    batcher.stop()
+    # The first call takes whoever had arrived (an idle worker starts at once); every later one holds all eight
+    # clients. Taking only what waits would alternate calls of those answered last and the others: 5, 3, 5, 3...
+    assert sum(calls) == 32
+    assert calls[-3:] == [8, 8, 8] and len(calls) <= 5, calls
+
+
+def test_a_lone_client_back_before_the_worker_looks_is_served_at_once():
+    starts, ends = [], []
+
+    def translate(lines, settings):
+        starts.append(time.monotonic())
+        time.sleep(0.8)  # the refill's share of this: 0.2 s
+        ends.append(time.monotonic())
+        return [[Hypothesis([], 0.0, 0.0)] for _ in lines]
+
+    batcher = Batcher(lambda: translate)
+
+    def until_back(requests, lines):  # the worker, its answers out, is slow to look: the client is back first
+        for _ in range(200):
+            if batcher.depth:
+                return
+            time.sleep(0.01)
+    batcher.stats.on_call = until_back
+
+    async def one_client():
+        for i in range(2):
+            assert await batcher.submit([f"line {i}"], (5, 1.0, 1)) == [[Hypothesis([], 0.0, 0.0)]]
+    asyncio.run(one_client())
+    batcher.stop()
+    # Counting the client both as answered and as waiting, the worker would wait its whole refill (0.2 s) for a
+    # second client that does not exist: a lone request 10-15 ms slower in mt serve on every call.
+    assert len(starts) == 2 and starts[1] - ends[0] < 0.1, (starts, ends)
+
+
+def test_a_request_whose_caller_gave_up_makes_room_in_a_full_queue():
+    release = threading.Event()
+
+    def translate(lines, settings):
+        release.wait(10)
+        return [[Hypothesis([len(line)], 0.0, 0.0)] for line in lines]
+
+    batcher = Batcher(lambda: translate, max_waiting=1)
+
+    async def go():
+        busy = asyncio.ensure_future(batcher.submit(["a"], (5, 1.0, 1)))
+        for _ in range(500):  # until the worker has taken "a": it is then held in its call
+            await asyncio.sleep(0.01)
+            if not batcher.depth:
+                break
+        gave_up = asyncio.ensure_future(batcher.submit(["bb"], (5, 1.0, 1)))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):  # the queue's one place is taken
+            await batcher.submit(["ccc"], (5, 1.0, 1))
+        gave_up.cancel()  # its caller timed out: mt serve withdraws it
+        kept = asyncio.ensure_future(batcher.submit(["dddd"], (5, 1.0, 1)))
+        await asyncio.sleep(0.01)
+        release.set()
+        return await busy, await kept
+
+    busy, kept = asyncio.run(go())
+    batcher.stop()
+    assert busy == [[Hypothesis([1], 0.0, 0.0)]] and kept == [[Hypothesis([4], 0.0, 0.0)]]
+
+
+def test_a_request_the_model_cannot_translate_fails_alone_and_those_batched_beside_it_are_answered():
+    release, calls = threading.Event(), []
+
+    def translate(lines, settings):
+        release.wait(10)
+        calls.append(list(lines))
+        if "bad" in lines:
+            raise ValueError("the model cannot take this line")
+        return [[Hypothesis([len(line)], 0.0, 0.0)] for line in lines]
+
+    batcher = Batcher(lambda: translate)
+    sizes = []
+    batcher.stats.on_call = lambda requests, lines: sizes.append((requests, lines))
+
+    async def go():
+        first = asyncio.ensure_future(batcher.submit(["a"], (5, 1.0, 1)))
+        for _ in range(500):  # until the worker holds "a" in its call: the rest queue up behind it
+            await asyncio.sleep(0.01)
+            if not batcher.depth:
+                break
+        rest = [asyncio.ensure_future(batcher.submit(lines, (5, 1.0, 1))) for lines in (["bb"], ["bad"], ["cccc"])]
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if batcher.depth == 3:
+                break
+        release.set()
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    first, good, bad, other = asyncio.run(go())
+    batcher.stop()
+    assert first == [[Hypothesis([1], 0.0, 0.0)]]
+    assert good == [[Hypothesis([2], 0.0, 0.0)]] and other == [[Hypothesis([4], 0.0, 0.0)]]
+    assert isinstance(bad, ValueError)
+    assert calls == [["a"], ["bb", "bad", "cccc"], ["bb"], ["bad"], ["cccc"]]  # the failed call, retried one by one
+    assert sizes == [(1, 1), (1, 1), (1, 1)]  # /metrics counts the calls that answered

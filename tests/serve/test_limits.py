@@ -1,0 +1,114 @@
+"""The connection limits of `mt serve` on a real server over loopback: a client too slow to send its request (head
+or body), or one that sends nothing, is dropped after --client-timeout; one past --max-connections is refused at
+once; a request that arrived in time may take as long as its translation takes."""
+
+import json
+import select
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+import uvicorn  # noqa: E402
+
+from mt.serve.limits import protocol  # noqa: E402
+
+from .test_app import checkpoint, free_port, held, run, serve_app, until  # noqa: E402, F401
+
+TIMEOUT = 0.5  # --client-timeout of these tests: every wait below is a few of these
+HEAD = b"POST /v1/translate HTTP/1.1\r\nHost: mt\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+
+
+@contextmanager
+def serving(app):
+    options = app.state.options
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning", http=protocol(options))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        run(until(lambda: server.started, "the server to start"))
+        yield config.port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def trickle(port: int, at_once: bytes, slowly: bytes, every: float = 0.05) -> tuple[float, bytes]:
+    """Send `at_once`, then `slowly` a byte at a time until the server answers or closes; the seconds that took,
+    and the answer."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(at_once)
+        for byte in slowly:
+            if select.select([sock], [], [], every)[0]:  # the server has answered or closed: stop sending
+                break
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+        return time.monotonic() - started, read_to_end(sock)
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (a test failure if it has not within 5 s)."""
+    sock.settimeout(5)
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def error_of(answer: bytes) -> tuple[int, str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def test_slow_and_silent_clients_are_dropped_and_a_slow_translation_is_not(checkpoint):  # noqa: F811 (the fixture)
+    app = serve_app(checkpoint, client_timeout=TIMEOUT)
+    with serving(app) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
+            started = time.monotonic()
+            status, error = error_of(read_to_end(silent))
+        assert status == 408 and "--client-timeout" in error and time.monotonic() - started < 4 * TIMEOUT
+
+        took, answer = trickle(port, b"", HEAD)  # a head a byte at a time: 5 s if never cut
+        assert error_of(answer)[0] == 408 and took < 4 * TIMEOUT
+
+        took, answer = trickle(port, HEAD, b" " * 400)  # a whole head, then its body a byte at a time: 20 s
+        assert answer == b"" and took < 4 * TIMEOUT  # the app was reading its body: the connection is closed
+
+        inside, release = held(app.state.models["de-en"].batcher)
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=10) as client:
+            assert client.get("/health").status_code == 200
+            time.sleep(2 * TIMEOUT)  # idle on a kept-alive connection: the deadline runs from a request's first byte
+            assert client.get("/health").status_code == 200
+            threading.Timer(3 * TIMEOUT, release.set).start()  # the model holds the request past the timeout
+            assert client.post("/v1/translate", json={"text": ["der hund"]}).status_code == 200
+        assert inside.is_set()
+
+
+def test_a_connection_past_the_limit_is_refused_at_once(checkpoint):  # noqa: F811 (the fixture)
+    app = serve_app(checkpoint, client_timeout=10 * TIMEOUT, max_connections=3)
+    with serving(app) as port:
+        held_open = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+                status, error = error_of(read_to_end(extra))
+            assert status == 503 and "--max-connections" in error
+        finally:
+            for sock in held_open:
+                sock.close()
+        for _ in range(100):  # room again once the server has seen them closed
+            if (answer := httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)).status_code == 200:
+                break
+            time.sleep(0.05)
+        assert answer.status_code == 200
