@@ -28,7 +28,8 @@ import torch
 from mt.data.tokenizer import EOS
 from mt.decode.ctranslate2 import load as load_exported
 from mt.decode.load import load_model
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_lines
 from mt.export.convert import export
 
 FIXED_LIMIT = 128  # the one output limit of the token-for-token comparison
@@ -76,7 +77,7 @@ def load_engines(checkpoint: Path, tmp: Path) -> dict:
 
 def mt_engine(loaded):
     def run(lines, beam, len_penalty, max_len_a=1.5, max_len_b=10):
-        opts = Options(beam, len_penalty, max_len_a, max_len_b, batch_tokens=4096)
+        opts = SearchOptions(beam, len_penalty, max_len_a, max_len_b, batch_tokens=4096)
         return [hyps[0].tokens if hyps else [] for hyps in translate_lines(loaded, lines, opts, torch.device("cpu"))]
     run.decode = loaded.tgt_tok.decode
     return run

@@ -33,8 +33,8 @@ import torch
 from mt.data.lines import write_lines
 from mt.decode.forced import score_pairs
 from mt.decode.load import load_model
-from mt.decode.search import length_penalty
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import SearchOptions, length_penalty
+from mt.decode.translate import translate_lines
 from mt.decode.tune import held_out
 
 
@@ -69,13 +69,13 @@ def main() -> None:
     def bleu(texts: list[str]) -> float:
         return round(sacrebleu.corpus_bleu(texts, [refs]).score, 2)
 
-    tuned = translate_lines(loaded, sources, Options.from_config(decode), cpu)
+    tuned = translate_lines(loaded, sources, SearchOptions.from_config(decode), cpu)
     print(f"left-to-right, tuned (beam {decode.beam}, len_penalty {decode.len_penalty}): "
           f"{bleu(loaded.tgt_tok.decode([h[0].tokens if h else [] for h in tuned]))}")
     best: tuple[float, str, list[str]] = (-1.0, "", [])
     outputs: dict[str, list[str]] = {}
     for k in map(int, args.beams.split(",")):
-        opts = Options.from_config(decode, beam=k, nbest=k)
+        opts = SearchOptions.from_config(decode, beam=k, nbest=k)
         hyps = translate_lines(loaded, sources, opts, cpu)
         texts = [loaded.tgt_tok.decode([h.tokens for h in hs]) if hs else [""] for hs in hyps]
         own = [[(h.logprob, len(h.tokens)) for h in hs] for hs in hyps]

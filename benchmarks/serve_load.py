@@ -34,7 +34,8 @@ import httpx
 import torch
 
 from mt.decode.load import load_model
-from mt.decode.translate import Options, compiled, translate_lines
+from mt.decode.search import SearchOptions
+from mt.decode.translate import compiled, translate_lines
 
 
 def main() -> None:
@@ -53,7 +54,7 @@ def main() -> None:
         return ct2_server(args.ct2_server, args.port)
     loaded = load_model(args.checkpoint)
     if args.compile:
-        compiled(loaded, Options.from_config(loaded.config.decode), torch.device("cpu"))
+        compiled(loaded, SearchOptions.from_config(loaded.config.decode), torch.device("cpu"))
     src = loaded.state["langs"]["src"]
     with gzip.open(args.mirror / "multi30k" / f"test_2016_flickr.{src}.gz", "rt", encoding="utf-8") as f:
         sentences = f.read().splitlines()[:args.sentences]
@@ -78,7 +79,7 @@ def main() -> None:
 
 def offline(loaded, sentences: list[str]) -> dict:
     """The same sentences translated in this process: all at once (batched), and one at a time."""
-    opts = Options.from_config(loaded.config.decode)
+    opts = SearchOptions.from_config(loaded.config.decode)
     device = torch.device("cpu")
     translate_lines(loaded, sentences[:32], opts, device)  # warm-up: the first calls set up kernels
     started = time.perf_counter()

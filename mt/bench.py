@@ -29,8 +29,8 @@ from mt.data.ids import Split
 from mt.data.lines import read_text
 from mt.data.tokenizer import EOS
 from mt.decode.load import load_model
-from mt.decode.search import beam_search, greedy
-from mt.decode.translate import Options, autocast, compiled, translate_lines
+from mt.decode.search import SearchOptions, autocast, beam_search, greedy
+from mt.decode.translate import compiled, translate_lines
 from mt.device import autocast_dtype, pick_device
 from mt.errors import MtError
 from mt.model.fast import PRECISIONS, compile_decoding, for_inference, for_training
@@ -87,7 +87,7 @@ def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device) -
         raise MtError("--checkpoint needs --input FILE: the real sentences to translate")
     loaded = load_model(setting.checkpoint, device, setting.precision)
     lines = read_text(setting.input)[:n]
-    opts = Options.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
+    opts = SearchOptions.from_config(loaded.config.decode, beam=setting.beam, precision=setting.precision)
     opts.batch_tokens = setting.batch * (sum(len(s) for s in loaded.src_tok.encode(lines)) // len(lines) + 1)
     if setting.compile:
         compiled(loaded, opts, device)

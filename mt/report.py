@@ -22,7 +22,8 @@ from mt.data.batches import epoch_batches, epoch_split, text_files, train_splits
 from mt.data.lines import read_text, write_lines
 from mt.decode.evaluate import score
 from mt.decode.load import Loaded, load_model
-from mt.decode.translate import Options, translate_stream
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_stream
 from mt.decode.tune import decode_choices
 from mt.device import pick_device
 from mt.errors import MtError
@@ -68,7 +69,7 @@ def recipe_report(run_dir: str | Path, final: str | Path, loaded: Loaded, device
         raise MtError(f"{data_dir}: no test split ({src_path.name}) to report on; prepare the data with --test, "
                       "or run from the directory the run was trained in (the data path is relative to it)")
     sources, refs = read_text(src_path), read_text(ref_path)
-    hyps = list(translate_stream(loaded, sources, Options.from_config(loaded.config.decode), device))
+    hyps = list(translate_stream(loaded, sources, SearchOptions.from_config(loaded.config.decode), device))
     write_lines(run_dir / f"test{report_suffix(loaded)}.hyp.txt", hyps)
     cased, lower = score(hyps, refs), score(hyps, refs, lowercase=True)
     metrics = loaded.state.get("metrics") or {}

@@ -16,7 +16,8 @@ from mt.data.ids import Split
 from mt.data.tokenizer import EOS, PAD
 from mt.decode.forced import score_pairs
 from mt.decode.load import load_model
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_lines
 from mt.errors import MtError
 from mt.export.convert import export
 
@@ -55,7 +56,7 @@ def sources(prepared) -> list[str]:  # noqa: F811
 
 def test_it_translates_in_reading_order(trained, prepared):  # noqa: F811
     loaded = load_model(trained, "cpu")
-    opts = Options.from_config(loaded.config.decode, beam=3)
+    opts = SearchOptions.from_config(loaded.config.decode, beam=3)
     written = [hyps[0].tokens for hyps in translate_lines(loaded, sources(prepared), opts, torch.device("cpu"))]
     loaded.model.cfg.right_to_left = False  # the same weights, their pieces shown in the order generated
     generated = [hyps[0].tokens for hyps in translate_lines(loaded, sources(prepared), opts, torch.device("cpu"))]

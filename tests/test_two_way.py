@@ -17,7 +17,8 @@ from mt.data.lines import read_text
 from mt.data.prepare import prepare, summary
 from mt.decode.evaluate import score
 from mt.decode.load import load_model
-from mt.decode.translate import Options, translate_stream
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_stream
 from mt.decode.tune import tune_checkpoint
 from mt.errors import MtError
 from mt.export.convert import export
@@ -63,7 +64,7 @@ BLEU = 25  # on the synthetic valid set, greedy: "the" is der, die or das, so ne
 
 def translated(path, lines: list[str], to: str | None) -> list[str]:
     loaded = load_model(path, to=to)
-    opts = Options.from_config(loaded.config.decode, beam=1)
+    opts = SearchOptions.from_config(loaded.config.decode, beam=1)
     return list(translate_stream(loaded, lines, opts, torch.device("cpu")))
 
 

@@ -18,8 +18,6 @@ from torch import Tensor
 
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import EOS, PAD
-from mt.decode.ensemble import Ensemble
-from mt.decode.rerank import Reranked
 from mt.model.transformer import Transformer, split_heads
 
 if TYPE_CHECKING:  # matplotlib loads when a heatmap is drawn
@@ -34,10 +32,8 @@ def cross_attention(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
     right-padded). Each row sums to 1 over the source's non-padding positions and is 0 on padding; rows of
     target padding are all 0.
     """
-    if isinstance(model, Reranked):  # the attention of the model that wrote the translation
-        return cross_attention(model.left, src, tgt)
-    if isinstance(model, Ensemble):
-        return torch.stack([cross_attention(member, src, tgt) for member in model.members]).mean(0)
+    if hasattr(model, "cross_attention"):  # a kind that holds other models (an ensemble, a reranked model) says
+        return model.cross_attention(src, tgt)
     captured: list[Tensor] = []
 
     def capture(module, args, output) -> None:

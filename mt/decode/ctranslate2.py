@@ -11,11 +11,12 @@ import json
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from mt.config import ModelConfig, from_dict
 from mt.data.tokenizer import Tokenizer
 from mt.decode.load import Loaded
-from mt.decode.search import Hypothesis
+from mt.decode.search import Hypothesis, SearchOptions
 from mt.errors import MtError
 
 MANIFEST = "mt_export.json"  # written by mt/export/convert.py
@@ -39,17 +40,22 @@ class CTranslate2Model:
         self.src_pieces = src_tok.pieces()
         self.tgt_ids = tgt_tok.sp.piece_to_id
 
-    def search(self, srcs: list[list[int]], beam: int, len_penalty: float, max_len_a: float, max_len_b: int,
-               nbest: int, batch_tokens: int) -> list[list[Hypothesis]]:
-        """The `nbest` best translations of each source (piece ids, no EOS): one output limit for all, from the
-        longest source (CTranslate2 takes one per call)."""
+    def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device) -> list[list[Hypothesis]]:
+        """The `opts.nbest` best translations of each source (piece ids, no EOS): one output limit for all, from the
+        longest source (CTranslate2 takes one per call). CTranslate2 runs on the device it was loaded on."""
+        if not srcs:
+            return []
         longest = max(len(src) for src in srcs) + 1
+        limit = min(int(opts.max_len_a * longest + opts.max_len_b), self.cfg.max_len - 1)
         results = self.translator.translate_batch(
-            [[self.src_pieces[i] for i in src] for src in srcs], beam_size=beam, length_penalty=len_penalty,
-            num_hypotheses=nbest, max_decoding_length=min(int(max_len_a * longest + max_len_b), self.cfg.max_len - 1),
-            return_scores=True, max_batch_size=batch_tokens, batch_type="tokens")
+            [[self.src_pieces[i] for i in src] for src in srcs], beam_size=opts.beam, length_penalty=opts.len_penalty,
+            num_hypotheses=opts.nbest, max_decoding_length=limit, return_scores=True,
+            max_batch_size=opts.batch_tokens, batch_type="tokens")
         return [[Hypothesis([self.tgt_ids(piece) for piece in pieces], score, score)
                  for pieces, score in zip(result.hypotheses, result.scores, strict=True)] for result in results]
+
+    def cross_attention(self, src: Tensor, tgt: Tensor) -> Tensor:
+        raise MtError("attention and alignments need mt's own model; give the checkpoint, not the export")
 
 
 def load(directory: str | Path, device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from mt import checkpoint
 from mt.config import same_model
 from mt.data.lines import check_not_input, check_output
+from mt.decode.alignments import cross_attention
 from mt.errors import MtError
 from mt.model.cache import DecoderCache
 from mt.runlock import writing_into
@@ -65,6 +66,10 @@ class Ensemble(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         return mean_probabilities([member(src, tgt) for member in self.members])
+
+    def cross_attention(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """The members' attention weights, averaged."""
+        return torch.stack([cross_attention(member, src, tgt) for member in self.members]).mean(0)
 
 
 def mean_probabilities(logits: list[Tensor]) -> Tensor:

@@ -23,12 +23,22 @@ left-to-right model, as does a reranker's weight 0 (it then neither searches nor
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from mt.decode.search import Hypothesis, length_penalty, score_ids
+from mt.decode.alignments import cross_attention
+from mt.decode.search import (
+    Hypothesis,
+    SearchOptions,
+    autocast,
+    length_penalty,
+    score_ids,
+    search_lines,
+    translate_ids,
+)
 
 if TYPE_CHECKING:
     from mt.data.tokenizer import Tokenizer
@@ -99,6 +109,30 @@ class Reranked(nn.Module):
     def right_searches(self, weight: float) -> bool:
         """Whether the right-to-left model searches for candidates of its own at reranker weight `weight`."""
         return self.right is not None and weight > 0
+
+    def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device) -> list[list[Hypothesis]]:
+        """Greedy: the left-to-right model's; a beam: its K best (and the right-to-left model's) reranked."""
+        if opts.beam == 1:
+            return translate_ids(self.left, srcs, opts, device)
+        found, views = self.candidates(srcs, opts, device)
+        return rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, opts.nbest)
+
+    def candidates(self, srcs: list[list[int] | None], opts: SearchOptions, device: torch.device
+                   ) -> tuple[list[list[Hypothesis]], Opinions]:
+        """What `rerank` chooses among for each source (none for a None source): the left-to-right model's K best,
+        joined by the right-to-left model's own where it has a weight, and every model's scores of each. They do
+        not depend on the weights, so `mt tune` asks once per beam and length penalty."""
+        wide = replace(opts, nbest=opts.beam)
+        found = search_lines(self.left, srcs, wide, device)
+        theirs = search_lines(self.right, srcs, wide, device) if self.right_searches(opts.rerank_weight) else None
+        with autocast(opts.precision, device):
+            if theirs is not None:
+                found = joined(self, srcs, found, theirs, opts.batch_tokens, device)
+            return found, opinions(self, srcs, found, opts.batch_tokens, device)
+
+    def cross_attention(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """The attention of the model that wrote the translation: the left-to-right one's."""
+        return cross_attention(self.left, src, tgt)
 
 
 Opinions = tuple[list[list[float]] | None, Explained | None]  # (log P_r2l, the channel's), None: no such model

@@ -1,6 +1,12 @@
 """Greedy and beam search over a batch of source sentences, decoding incrementally with a KV cache; and the
 teacher-forced score of given translations (`score_ids`), which rerankers and `mt score` ask for.
 
+What decodes is asked through one interface: `translate_ids(model, srcs, opts, device)`. mt's own models and
+ensembles of them decode incrementally (`encode`, `start_cache`, `decode_step`) and are searched here; a kind that
+searches its own way (a model reranked by others, mt/decode/rerank.py; a CTranslate2 export,
+mt/decode/ctranslate2.py) has a `search(srcs, opts, device)` method, which is called instead. Likewise for
+attention weights: such a kind has `cross_attention(src, tgt)` (mt/decode/alignments.py).
+
 Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
 source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
 running batch, so a long sentence does not keep short ones computing.
@@ -16,9 +22,42 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
+from mt.config import DecodeConfig
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import BOS, EOS, PAD
+from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 runs the search under autocast; fp32 and int8 (a model from `for_inference`) run as they are."""
+    return device_autocast(torch.bfloat16 if precision == "bf16" else None, device)
+
+
+@dataclass
+class SearchOptions:
+    """How to search: what `mt translate` may change per call; the rest comes from the checkpoint's decode config."""
+
+    beam: int
+    len_penalty: float
+    max_len_a: float
+    max_len_b: int
+    batch_tokens: int
+    nbest: int = 1
+    precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
+    rerank_weight: float = 1.0  # a checkpoint with a right-to-left reranker's w (mt/decode/rerank.py)
+    channel_weight: float = 0.25  # a checkpoint with a channel model's c (mt/decode/rerank.py)
+    finish_all: bool = False  # beam search: until `beam` hypotheses have finished, not the best one alone
+
+    @classmethod
+    def from_config(cls, decode_cfg: DecodeConfig, **changes) -> SearchOptions:
+        opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
+                   decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight,
+                   channel_weight=decode_cfg.channel_weight, finish_all=decode_cfg.finish_all)
+        for key, value in changes.items():
+            if value is not None:
+                setattr(opts, key, value)
+        return opts
 
 
 @dataclass
@@ -247,3 +286,38 @@ def score_ids(model, srcs: list[list[int]], tgts: list[list[int]], device: torch
         for i, total in zip(idx, totals.tolist(), strict=True):
             scores[i] = total
     return scores
+
+
+def search_lines(model, srcs: list[list[int] | None], opts: SearchOptions,
+                 device: torch.device) -> list[list[Hypothesis]]:
+    """`translate_ids` of the sources that are not None, in order; an empty list for each None."""
+    todo = [i for i, src in enumerate(srcs) if src is not None]
+    results: list[list[Hypothesis]] = [[] for _ in srcs]
+    for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device), strict=True):
+        results[i] = hyps
+    return results
+
+
+def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: torch.device) -> list[list[Hypothesis]]:
+    """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source. A model
+    that searches its own way has a `search` method and is asked; any other is searched here over its KV cache."""
+    if hasattr(model, "search"):
+        return model.search(srcs, opts, device)
+    lengths = [len(s) + 1 for s in srcs]
+    results: list[list[Hypothesis]] = [[] for _ in srcs]
+    for idx in batch_by_tokens(lengths, opts.batch_tokens):
+        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
+        with autocast(opts.precision, device):
+            if opts.beam == 1 and opts.nbest == 1:
+                hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
+            else:
+                found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
+                hyps = [h[:opts.nbest] for h in beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a,
+                                                            opts.max_len_b, found)]
+        for i, h in zip(idx, hyps, strict=True):
+            results[i] = h
+    if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them
+        for hyps in results:
+            for h in hyps:
+                h.tokens.reverse()
+    return results

@@ -1,12 +1,12 @@
 """Text in, text out, one way down: lines → source pieces → length-sorted batches → search → text, in input order.
 
 `mt translate` calls `run`; the other commands call the functions below it (`translate_stream` for evaluate and
-report, `translate_lines` for tune and bench, `translate_ids` for training's validation). Input is read and
-translated `CHUNK_LINES` lines at a time, so memory stays bounded on endless input. Exactly one output line per
-input line: an empty or blank input line gives an empty output line, a line longer than the model allows is cut
-(with a warning on stderr), and control characters pass to SentencePiece, which maps what it does not know to
-<unk>. The attention option of the same stream decodes each chunk's best translations once more,
-teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py).
+report, `translate_lines` for tune and bench; training's validation searches with mt/decode/search.py's
+`translate_ids`). Input is read and translated `CHUNK_LINES` lines at a time, so memory stays bounded on endless
+input. Exactly one output line per input line: an empty or blank input line gives an empty output line, a line
+longer than the model allows is cut (with a warning on stderr), and control characters pass to SentencePiece,
+which maps what it does not know to <unk>. The attention option of the same stream decodes each chunk's best
+translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py).
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 import torch
 
 from mt.checkpoint import towards
-from mt.config import DecodeConfig
-from mt.data.batches import batch_by_tokens, pad
 from mt.data.lines import (
     check_input,
     check_not_input,
@@ -32,14 +30,11 @@ from mt.data.lines import (
     read_text,
     write_lines,
 )
-from mt.data.tokenizer import EOS
 from mt.decode.alignments import alignments, heatmap, pair_attention, pharaoh, to_pieces
-from mt.decode.ctranslate2 import CTranslate2Model, is_export
+from mt.decode.ctranslate2 import is_export
 from mt.decode.ctranslate2 import load as load_exported
 from mt.decode.load import Loaded, load_model
-from mt.decode.rerank import Opinions, Reranked, joined, opinions, rerank
-from mt.decode.search import Hypothesis, beam_search, greedy
-from mt.device import autocast as device_autocast
+from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
 from mt.errors import MtError
 from mt.model.fast import PRECISIONS, compile_decoding
@@ -47,37 +42,6 @@ from mt.options import TranslateRequest
 
 CHUNK_LINES = 10_000  # lines read ahead and sorted together; bounds memory on endless input
 PROMPT = "> "  # interactive mode's, on stderr, so that stdout holds translations only
-
-
-def autocast(precision: str, device: torch.device):
-    """bf16 runs the search under autocast; fp32 and int8 (a model from `for_inference`) run as they are."""
-    return device_autocast(torch.bfloat16 if precision == "bf16" else None, device)
-
-
-@dataclass
-class Options:
-    """What `mt translate` may change per call; the rest comes from the checkpoint's decode config."""
-
-    beam: int
-    len_penalty: float
-    max_len_a: float
-    max_len_b: int
-    batch_tokens: int
-    nbest: int = 1
-    precision: str = "fp32"  # bf16 runs the search under autocast; int8 needs a model from for_inference
-    rerank_weight: float = 1.0  # a checkpoint with a right-to-left reranker's w (mt/decode/rerank.py)
-    channel_weight: float = 0.25  # a checkpoint with a channel model's c (mt/decode/rerank.py)
-    finish_all: bool = False  # beam search: until `beam` hypotheses have finished, not the best one alone
-
-    @classmethod
-    def from_config(cls, decode_cfg: DecodeConfig, **changes) -> Options:
-        opts = cls(decode_cfg.beam, decode_cfg.len_penalty, decode_cfg.max_len_a, decode_cfg.max_len_b,
-                   decode_cfg.batch_tokens, rerank_weight=decode_cfg.rerank_weight,
-                   channel_weight=decode_cfg.channel_weight, finish_all=decode_cfg.finish_all)
-        for key, value in changes.items():
-            if value is not None:
-                setattr(opts, key, value)
-        return opts
 
 
 @dataclass
@@ -115,7 +79,7 @@ def run(request: TranslateRequest) -> None:
                  sys.stdout)
 
 
-def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
+def load(request: TranslateRequest) -> tuple[Loaded, SearchOptions, torch.device]:
     """The checkpoint's model, made ready to decode in the precision asked for, and the decode options: the
     checkpoint's, changed by the request. Raises MtError for what cannot run."""
     check_streams(request)
@@ -127,7 +91,7 @@ def load(request: TranslateRequest) -> tuple[Loaded, Options, torch.device]:
     if request.precision == "int8" and device.type != "cpu":
         raise MtError("--precision int8 runs on CPU; use --device cpu, or bf16 on a GPU")
     loaded = load_any(request.checkpoint, device, request.precision, request.engine, request.to)
-    opts = Options.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
+    opts = SearchOptions.from_config(loaded.config.decode, beam=request.beam, len_penalty=request.len_penalty,
                                nbest=request.nbest, batch_tokens=request.batch_tokens, precision=request.precision)
     opts.beam = max(opts.beam, opts.nbest)  # the n best need a beam at least n wide
     if request.input is not None:
@@ -172,7 +136,7 @@ def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> A
     """The attention option, if --attention or --alignments asks for it, checked against the model."""
     if request.attention is None and request.alignments is None:
         return None
-    if isinstance(loaded.model, CTranslate2Model):
+    if "export" in loaded.state:
         raise MtError("--attention and --alignments need mt's own model; give the checkpoint, not the export")
     layer, head = request.layer, request.head
     n_layers, n_heads = loaded.model.cfg.n_dec_layers, loaded.model.cfg.n_heads
@@ -190,7 +154,7 @@ def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> A
     return Attention(request.attention, layer, head)
 
 
-def interactive(loaded: Loaded, opts: Options, device: torch.device, stdin: BinaryIO, stdout: TextIO,
+def interactive(loaded: Loaded, opts: SearchOptions, device: torch.device, stdin: BinaryIO, stdout: TextIO,
                 stderr: TextIO, encoding_errors: str = "strict") -> None:
     """Translate each line as it is typed, until Ctrl-D or Ctrl-C; each line is a stream of its own (so that
     --nbest numbers every sentence 0), translated before the next prompt."""
@@ -236,17 +200,17 @@ def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str, l
     (and `beam` and `len_penalty`, if given)."""
     dev = pick_device(device)
     loaded = load_any(checkpoint, dev)
-    opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty)
+    opts = SearchOptions.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty)
     return list(translate_stream(loaded, read_text(src), opts, dev))
 
 
-def translate_stream(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device) -> Iterator[str]:
+def translate_stream(loaded: Loaded, lines: Iterable[str], opts: SearchOptions, device: torch.device) -> Iterator[str]:
     """Output lines for input lines, chunk by chunk, in order. With nbest > 1: `i ||| text ||| score` lines."""
     for result in translations(loaded, lines, opts, device):
         yield from result.lines
 
 
-def translations(loaded: Loaded, lines: Iterable[str], opts: Options, device: torch.device,
+def translations(loaded: Loaded, lines: Iterable[str], opts: SearchOptions, device: torch.device,
                  attention: Attention | None = None) -> Iterator[Translated]:
     """The one stream: each input line's `Translated`, in input order; CHUNK_LINES lines are read, sorted by
     length and searched together at a time."""
@@ -276,7 +240,7 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
         yield offset, chunk
 
 
-def translate_lines(loaded: Loaded, lines: list[str], opts: Options, device: torch.device,
+def translate_lines(loaded: Loaded, lines: list[str], opts: SearchOptions, device: torch.device,
                     warn: TextIO | None = None) -> list[list[Hypothesis]]:
     """Hypotheses for each line (an empty list for a blank line)."""
     return search_lines(loaded.model, encode_lines(loaded, lines, 0, warn), opts, device)
@@ -297,63 +261,12 @@ def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
     return srcs
 
 
-def search_lines(model, srcs: list[list[int] | None], opts: Options,
-                 device: torch.device) -> list[list[Hypothesis]]:
-    """`translate_ids` of the sources that are not None, in order; an empty list for each None."""
-    todo = [i for i, src in enumerate(srcs) if src is not None]
-    results: list[list[Hypothesis]] = [[] for _ in srcs]
-    for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device), strict=True):
-        results[i] = hyps
-    return results
-
-
-def translate_ids(model, srcs: list[list[int]], opts: Options, device: torch.device) -> list[list[Hypothesis]]:
-    """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source."""
-    if isinstance(model, Reranked) and opts.beam > 1:
-        found, views = rerank_candidates(model, srcs, opts, device)
-        return rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, opts.nbest)
-    if isinstance(model, CTranslate2Model):
-        return model.search(srcs, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b, opts.nbest,
-                            opts.batch_tokens) if srcs else []
-    lengths = [len(s) + 1 for s in srcs]
-    results: list[list[Hypothesis]] = [[] for _ in srcs]
-    for idx in batch_by_tokens(lengths, opts.batch_tokens):
-        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        with autocast(opts.precision, device):
-            if opts.beam == 1 and opts.nbest == 1:
-                hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
-            else:
-                found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
-                hyps = [h[:opts.nbest] for h in beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a,
-                                                            opts.max_len_b, found)]
-        for i, h in zip(idx, hyps, strict=True):
-            results[i] = h
-    if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them
-        for hyps in results:
-            for h in hyps:
-                h.tokens.reverse()
-    return results
-
-
-def rerank_candidates(model: Reranked, srcs: list[list[int] | None], opts: Options,
-                      device: torch.device) -> tuple[list[list[Hypothesis]], Opinions]:
-    """What `rerank` chooses among for each source (none for a None source): the left-to-right model's K best,
-    joined by the right-to-left model's own where it has a weight (mt/decode/rerank.py), and every model's scores of each."""
-    wide = replace(opts, nbest=opts.beam)
-    found = search_lines(model.left, srcs, wide, device)
-    theirs = search_lines(model.right, srcs, wide, device) if model.right_searches(opts.rerank_weight) else None
-    with autocast(opts.precision, device):
-        if theirs is not None:
-            found = joined(model, srcs, found, theirs, opts.batch_tokens, device)
-        return found, opinions(model, srcs, found, opts.batch_tokens, device)
-
-
-def compiled(loaded: Loaded, opts: Options, device: torch.device) -> Loaded:
+def compiled(loaded: Loaded, opts: SearchOptions, device: torch.device) -> Loaded:
     """`loaded` with its decoding step compiled (`mt.model.fast.compile_decoding`), and compiled now, at load, for the
     kinds of shape decoding meets: a lone sentence, a batch, and a lone sentence of another length (after which
     the compiled steps take any length), so that the first lines translated do not wait for the compiler. A
-    CTranslate2 model is returned as it is."""
-    if isinstance(loaded.model, CTranslate2Model):
+    CTranslate2 export is returned as it is."""
+    if "export" in loaded.state:
         return loaded
     compile_decoding(loaded.model)
     for srcs in ([[5, 6, 7]], [[5, 6, 7], [5, 6, 7, 8, 9, 10]], [[8, 9]]):  # any ids: only the shapes matter

@@ -104,24 +104,26 @@ def tune(loaded: Loaded, sources: list[str], refs: list[str], device: torch.devi
     the search that stops first. `weights` are tried only with a right-to-left reranker, `channel_weights` only with
     a channel model, `finish` only without either."""
     # torch and the model: imported only to tune, so that `mt --help` reads the defaults above without them
-    from mt.decode.rerank import Reranked, rerank
-    from mt.decode.translate import Options, encode_lines, rerank_candidates, translate_lines
+    from mt.decode.rerank import rerank
+    from mt.decode.search import SearchOptions
+    from mt.decode.translate import encode_lines, translate_lines
 
     model, choices = loaded.model, decode_choices(loaded.state)
     results = []
     candidates: dict = {}  # (beam, alpha, reranker searches): the K best and every model's scores, for all weights
-    srcs = encode_lines(loaded, sources) if isinstance(model, Reranked) else []
+    reranks = hasattr(model, "candidates")  # a reranked model's candidates serve every weight
+    srcs = encode_lines(loaded, sources) if reranks else []
     settings = grid(beams, penalties, *(axis if key in choices else (None,)
                                         for key, axis in zip(CHOSEN_KEYS, (weights, channel_weights, finish),
                                                              strict=True)))
     for beam, alpha, weight, channel_weight, finish_all in tqdm(settings, desc="tune", unit="setting",
                                                                 disable=not progress):
-        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
+        opts = SearchOptions.from_config(loaded.config.decode, beam=beam, len_penalty=alpha, rerank_weight=weight,
                                    channel_weight=channel_weight, finish_all=finish_all)
-        if isinstance(model, Reranked) and beam > 1:
+        if reranks and beam > 1:
             key = beam, alpha, model.right_searches(opts.rerank_weight)
             if key not in candidates:
-                candidates[key] = rerank_candidates(model, srcs, opts, device)
+                candidates[key] = model.candidates(srcs, opts, device)
             hyps = rerank(*candidates[key], opts.rerank_weight, opts.channel_weight, alpha, 1)
         else:
             hyps = translate_lines(loaded, sources, opts, device)
@@ -157,7 +159,6 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
     translates. Returns every setting's BLEU, best first."""
     # torch and the model: imported only to tune
     from mt.decode.load import load_model
-    from mt.decode.rerank import Reranked
     from mt.device import pick_device
 
     if (src is None) != (ref is None):
@@ -172,7 +173,7 @@ def tune_checkpoint(path: Path, out: Path, src: Path | None, ref: Path | None, b
     with writing_into(out):
         loaded = load_model(path, dev, to=to)
         if beams is None:
-            beam_list = RERANK_BEAMS if isinstance(loaded.model, Reranked) else DEFAULT_BEAMS  # reranker or channel
+            beam_list = RERANK_BEAMS if hasattr(loaded.model, "candidates") else DEFAULT_BEAMS  # reranker or channel
         sources, refs = held_out(loaded, src, ref)
         results = tune(loaded, sources, refs, dev, beam_list, penalty_list, progress, weight_list, channel_list,
                        finish_list)

@@ -29,8 +29,8 @@ from pydantic import BaseModel, Field
 from mt.decode.alignments import alignments as hard_alignments
 from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
 from mt.decode.load import Loaded
-from mt.decode.search import Hypothesis
-from mt.decode.translate import Options, compiled, encode_lines, load_any, translate_lines
+from mt.decode.search import Hypothesis, SearchOptions
+from mt.decode.translate import compiled, encode_lines, load_any, translate_lines
 from mt.device import pick_device
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
@@ -70,7 +70,7 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
                 torch.set_num_threads(options.threads)
             holder["loaded"] = load_any(path, device, options.precision)
             if options.compile:
-                compiled(holder["loaded"], Options.from_config(holder["loaded"].config.decode,
+                compiled(holder["loaded"], SearchOptions.from_config(holder["loaded"].config.decode,
                                                                precision=options.precision), device)
             return translator(holder["loaded"], device, options.precision)
         batcher = Batcher(setup, options.max_waiting, name=path.name)
@@ -90,7 +90,7 @@ def translator(loaded: Loaded, device: torch.device, precision: str):
     """What a model's worker calls: lines and decoding settings in, hypotheses per line out (as mt translate)."""
     def translate(lines: list[str], settings: Settings) -> list[list[Hypothesis]]:
         beam, len_penalty, nbest = settings
-        opts = Options.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
+        opts = SearchOptions.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
                                    precision=precision)
         opts.beam = max(opts.beam, opts.nbest)
         return translate_lines(loaded, lines, opts, device, warn=io.StringIO())  # cut lines: no stderr per request
@@ -286,7 +286,7 @@ def render(served: Served, hyps: list[Hypothesis], nbest: int, scores: bool, ali
 def align(served: Served, lines: list[str], results: list[list[Hypothesis]]) -> list[str]:
     """Each line's Pharaoh alignment of its best translation, as `mt translate --alignments` writes it."""
     loaded = served.loaded
-    if not isinstance(loaded.model, torch.nn.Module):
+    if "export" in loaded.state:
         raise ApiError(400, "alignments need mt's own model, not a CTranslate2 export")
     refuse_right_to_left(loaded, "alignments")
     srcs = encode_lines(loaded, lines, warn=io.StringIO())
@@ -308,7 +308,7 @@ def attention_map(served: Served, line: str, hyps: list[Hypothesis]) -> dict:
     """The page's heatmap: source and target pieces (each with EOS) and the mean cross-attention, a row per
     target piece."""
     loaded = served.loaded
-    if not isinstance(loaded.model, torch.nn.Module):
+    if "export" in loaded.state:
         raise ApiError(400, "attention needs mt's own model, not a CTranslate2 export")
     refuse_right_to_left(loaded, "attention")
     src = encode_lines(loaded, [line], warn=io.StringIO())[0]

@@ -12,7 +12,7 @@ from mt.config import Config
 from mt.data.batches import batch_by_tokens, collate
 from mt.data.ids import Split
 from mt.data.tokenizer import PAD, Tokenizer
-from mt.decode.translate import Options, translate_ids
+from mt.decode.search import SearchOptions, translate_ids
 from mt.device import autocast
 from mt.model.transformer import Transformer
 
@@ -35,7 +35,7 @@ def validation_metrics(model: Transformer, split: Split, refs: list[str], tgt_to
     metrics = {"valid_loss": loss / tokens, "valid_ppl": math.exp(min(loss / tokens, 50.0))}
     if cfg.train.valid_bleu:
         srcs = [split.src(i)[:cfg.model.max_len - 1].tolist() for i in range(len(split))]
-        opts = Options.from_config(cfg.decode, beam=cfg.train.valid_beam)
+        opts = SearchOptions.from_config(cfg.decode, beam=cfg.train.valid_beam)
         hyps = translate_ids(model, srcs, opts, device)
         texts = tgt_tok.decode([h[0].tokens for h in hyps])
         metrics["valid_bleu"] = sacrebleu.corpus_bleu(texts, [refs]).score

@@ -13,7 +13,8 @@ from mt.data.tokenizer import BOS, EOS
 from mt.decode.ensemble import combine
 from mt.decode.forced import score_pairs
 from mt.decode.load import from_state, load_model
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_lines
 from mt.errors import MtError
 
 from ..conftest import assert_refused, train_tiny
@@ -51,7 +52,7 @@ def step_probabilities(path, source: str, tokens: list[int]) -> list[torch.Tenso
 def test_each_step_chooses_by_the_mean_of_the_members_probabilities(members):
     ensemble = from_state(combine(list(members)))
     source = SOURCES[0]
-    greedy = Options.from_config(ensemble.config.decode, beam=1)
+    greedy = SearchOptions.from_config(ensemble.config.decode, beam=1)
     tokens = translate_lines(ensemble, [source], greedy, torch.device("cpu"))[0][0].tokens
     a, b = (step_probabilities(path, source, tokens) for path in members)
     assert not torch.allclose(a[0], b[0], atol=1e-3), "the members should disagree, or the test proves nothing"
@@ -65,7 +66,7 @@ def test_each_step_chooses_by_the_mean_of_the_members_probabilities(members):
 def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(members):
     single = load_model(members[0])
     twice = from_state(combine([members[0], members[0]]))
-    opts = Options.from_config(single.config.decode, beam=4, nbest=2)
+    opts = SearchOptions.from_config(single.config.decode, beam=4, nbest=2)
     ours, theirs = (translate_lines(m, SOURCES, opts, torch.device("cpu")) for m in (twice, single))
     assert [[h.tokens for h in hyps] for hyps in ours] == [[h.tokens for h in hyps] for hyps in theirs]
     assert [h.score for hyps in ours for h in hyps] == pytest.approx([h.score for hyps in theirs for h in hyps],

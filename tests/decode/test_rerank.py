@@ -18,8 +18,8 @@ from mt.decode.ensemble import combine
 from mt.decode.forced import score_pairs
 from mt.decode.load import from_state, load_model
 from mt.decode.rerank import Explained, rerank
-from mt.decode.search import Hypothesis, length_penalty, score_ids
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import Hypothesis, SearchOptions, length_penalty, score_ids
+from mt.decode.translate import translate_lines
 from mt.errors import MtError
 from mt.report import report_run
 from mt.train.loop import train
@@ -49,7 +49,7 @@ def pair(tmp_path_factory):
 
 def test_the_pair_translates_the_best_of_both_models_k_best_by_both_models_scores(pair):
     reranked, left, right = from_state(combine(list(pair))), load_model(pair[0]), load_model(pair[1])
-    opts = Options.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, rerank_weight=1.0)
+    opts = SearchOptions.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, rerank_weight=1.0)
     found, theirs = (translate_lines(m, SOURCES, opts, CPU) for m in (left, right))
     new = [[h for h in b if h.tokens not in [a.tokens for a in hyps]] for hyps, b in zip(found, theirs, strict=True)]
     assert any(new), "the right-to-left model should find a translation the left-to-right beam missed"
@@ -100,7 +100,7 @@ def channel(pair):
 def test_a_channel_model_reorders_the_k_best_by_how_well_each_explains_its_source(pair, channel):
     both, left, reverse = from_state(combine([pair[0], channel])), load_model(pair[0]), load_model(channel)
     assert checkpoint.load(channel)["spm"] != checkpoint.load(pair[0])["spm"]  # text, not pieces, crosses over
-    opts = Options.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, channel_weight=1.0)
+    opts = SearchOptions.from_config(left.config.decode, beam=4, nbest=4, len_penalty=1.0, channel_weight=1.0)
     ours, found = (translate_lines(m, SOURCES, opts, CPU) for m in (both, left))
     read = left.src_tok.decode(left.src_tok.encode(SOURCES))  # the source as the model read it (40 pieces)
     flat = [(i, h) for i, hyps in enumerate(found) for h in hyps]
@@ -145,7 +145,7 @@ def test_tune_chooses_the_channel_weight_that_translate_then_uses(pair, channel,
         checkpoint.save(state, tmp_path / "set.pt")
         result = runner.invoke(app, ["translate", "-c", str(tmp_path / "set.pt"), "--input", str(src), "--beam", "3"])
         assert result.exit_code == 0, result.output
-        opts = Options.from_config(loaded.config.decode, beam=3, len_penalty=decode["len_penalty"],
+        opts = SearchOptions.from_config(loaded.config.decode, beam=3, len_penalty=decode["len_penalty"],
                                    rerank_weight=0.5, channel_weight=weight)
         expected = loaded.tgt_tok.decode([h[0].tokens if h else []
                                           for h in translate_lines(loaded, SOURCES, opts, CPU)])
@@ -164,7 +164,7 @@ def test_an_ensemble_checkpoint_given_a_channel_keeps_its_models_and_gains_the_c
     assert state["members"][0].keys() == checkpoint.load(pair[0])["model"].keys() and "reranker" in state
     assert state["metrics"]["channel"]["path"] == str(channel)
     both, paired = from_state(state), load_model(tmp_path / "pair.pt")
-    opts = Options.from_config(paired.config.decode, beam=4, rerank_weight=1.0, channel_weight=0.0)
+    opts = SearchOptions.from_config(paired.config.decode, beam=4, rerank_weight=1.0, channel_weight=0.0)
     assert [[h.tokens for h in hyps] for hyps in translate_lines(both, SOURCES, opts, CPU)] == \
            [[h.tokens for h in hyps] for hyps in translate_lines(paired, SOURCES, opts, CPU)]
     with pytest.raises(MtError, match="already an ensemble"):
@@ -196,8 +196,8 @@ def test_reported_with_its_channel_beside_the_run_s_own_report_with_both_runs_tr
 
 def test_at_weight_0_or_greedy_it_translates_as_the_left_to_right_model(pair):
     reranked, left = from_state(combine(list(pair))), load_model(pair[0])
-    for opts in (Options.from_config(left.config.decode, beam=4, rerank_weight=0.0),
-                 Options.from_config(left.config.decode, beam=1, rerank_weight=1.0)):
+    for opts in (SearchOptions.from_config(left.config.decode, beam=4, rerank_weight=0.0),
+                 SearchOptions.from_config(left.config.decode, beam=1, rerank_weight=1.0)):
         ours, theirs = (translate_lines(m, SOURCES, opts, CPU) for m in (reranked, left))
         assert [[h.tokens for h in hyps] for hyps in ours] == [[h.tokens for h in hyps] for hyps in theirs]
 
@@ -227,7 +227,7 @@ def test_tune_chooses_the_weight_that_translate_then_uses(pair, tmp_path):
     result = runner.invoke(app, ["translate", "-c", str(tuned), "--input", str(src), "--beam", "3"])
     assert result.exit_code == 0, result.output
     loaded = load_model(joined)
-    opts = Options.from_config(loaded.config.decode, beam=3, rerank_weight=decode["rerank_weight"],
+    opts = SearchOptions.from_config(loaded.config.decode, beam=3, rerank_weight=decode["rerank_weight"],
                                len_penalty=decode["len_penalty"])
     expected = loaded.tgt_tok.decode([h[0].tokens if h else [] for h in translate_lines(loaded, SOURCES, opts, CPU)])
     assert result.output.splitlines() == expected

@@ -16,14 +16,13 @@ import mt.decode.translate
 from mt import checkpoint
 from mt.cli import app
 from mt.data.tokenizer import EOS, PAD
+from mt.decode.search import SearchOptions, translate_ids
 from mt.decode.translate import (
     PROMPT,
     Attention,
-    Options,
     TranslateRequest,
     interactive,
     run,
-    translate_ids,
     translate_lines,
     translate_stream,
     translations,
@@ -38,7 +37,7 @@ CPU = torch.device("cpu")
 
 
 def options(**changes):
-    opts = Options(beam=2, len_penalty=0.6, max_len_a=1.0, max_len_b=5, batch_tokens=64)
+    opts = SearchOptions(beam=2, len_penalty=0.6, max_len_a=1.0, max_len_b=5, batch_tokens=64)
     for k, v in changes.items():
         setattr(opts, k, v)
     return opts
@@ -125,7 +124,7 @@ def test_translate_writes_heatmaps_and_alignments(tmp_path, model_path, loaded):
     assert imread(tmp_path / "att" / "000003.png").ndim == 3
     lines = (tmp_path / "al.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == 3 and lines[1] == ""
-    opts = Options(beam=1, len_penalty=0.6, max_len_a=1.5, max_len_b=10, batch_tokens=4096)
+    opts = SearchOptions(beam=1, len_penalty=0.6, max_len_a=1.5, max_len_b=10, batch_tokens=4096)
     [[best]] = translate_lines(loaded, ["the cat sat"], opts, CPU)
     assert [int(pair.split("-")[1]) for pair in lines[0].split()] == list(range(len(best.tokens)))
 
@@ -186,7 +185,7 @@ def test_bytes_that_are_not_utf8_name_stdin_and_the_way_out(model_path, monkeypa
 
 
 def test_each_line_is_translated_as_entered_until_ctrl_d(loaded):
-    opts = Options(beam=1, len_penalty=0.6, max_len_a=1.0, max_len_b=3, batch_tokens=64)
+    opts = SearchOptions(beam=1, len_penalty=0.6, max_len_a=1.0, max_len_b=3, batch_tokens=64)
     typed = ["the cat sat", "", "a big dog"]
     stdout, stderr = io.StringIO(), io.StringIO()
     interactive(loaded, opts, CPU, io.BytesIO("".join(t + "\n" for t in typed).encode()), stdout, stderr)
@@ -207,7 +206,7 @@ def test_a_terminal_on_stdin_is_translated_interactively(model_path, monkeypatch
 def test_finishing_the_whole_beam_finds_a_translation_scored_at_least_as_high_and_returns_one():
     model = tiny_model(seed=0)
     srcs = [[t for t in row if t not in (PAD, EOS)] for row in sources(n=8, seed=0).tolist()]
-    opts = Options(beam=4, len_penalty=1.5, max_len_a=1.5, max_len_b=10, batch_tokens=4096)
+    opts = SearchOptions(beam=4, len_penalty=1.5, max_len_a=1.5, max_len_b=10, batch_tokens=4096)
     plain = translate_ids(model, srcs, opts, CPU)
     full = translate_ids(model, srcs, replace(opts, finish_all=True), CPU)
     assert [len(hyps) for hyps in full] == [1] * len(srcs)

@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 from mt.cli import app
 from mt.data.lines import read_text
 from mt.decode.load import load_model
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_lines
 from mt.decode.tune import grid, held_out, parse_finish, parse_grid, save_tuned, tune
 from mt.errors import MtError
 from mt.train.loop import train
@@ -57,7 +58,7 @@ def test_tuning_saves_the_best_setting_as_the_checkpoint_default(best, prepared,
     assert (tuned.config.decode.beam, tuned.config.decode.len_penalty) == (results[0]["beam"],
                                                                            results[0]["len_penalty"])
     assert tuned.config.decode.finish_all == results[0].get("finish_all", False)
-    hyps = translate_lines(tuned, sources, Options.from_config(tuned.config.decode), torch.device("cpu"))
+    hyps = translate_lines(tuned, sources, SearchOptions.from_config(tuned.config.decode), torch.device("cpu"))
     texts = tuned.tgt_tok.decode([h[0].tokens for h in hyps])
     bleu = sacrebleu.corpus_bleu(texts, [refs])
     assert (round(bleu.score, 2), round(bleu.sys_len / bleu.ref_len, 3)) == (results[0]["bleu"],

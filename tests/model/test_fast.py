@@ -12,8 +12,8 @@ from mt.bench import preset_model
 from mt.config import DecodeConfig
 from mt.data.batches import pad
 from mt.data.tokenizer import BOS, EOS, PAD
-from mt.decode.search import beam_search, greedy
-from mt.decode.translate import Options, compiled, translate_lines
+from mt.decode.search import SearchOptions, beam_search, greedy
+from mt.decode.translate import compiled, translate_lines
 from mt.errors import MtError
 from mt.model.fast import (
     Bf16Linear,
@@ -219,7 +219,7 @@ def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
 def test_compiled_decoding_translates_as_the_eager_model(loaded):
     """`--compile`: the same n-best lists, in a batch and alone, after `compiled` has compiled at load."""
     lines = ["the cat sat on the mat", "a dog", "big red tree runs under the blue mat", ""]
-    opts, cpu = Options.from_config(DecodeConfig(), beam=4, nbest=2), torch.device("cpu")
+    opts, cpu = SearchOptions.from_config(DecodeConfig(), beam=4, nbest=2), torch.device("cpu")
     for_inference(loaded.model, "fp32")
 
     def translated():

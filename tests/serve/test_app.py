@@ -23,6 +23,7 @@ from mt.serve.app import create_app, load_models  # noqa: E402
 
 from ..conftest import train_tiny  # noqa: E402
 
+WAIT = 120  # seconds: how long a held worker or a test waits for the other side, however loaded the machine
 LINES = ["der hund sitzt unter dem baum", "", "die katze läuft auf das rote haus", "   ", "das größte Ü-Ei ☃"]
 
 
@@ -98,18 +99,19 @@ def held(batcher):
 
     def hold_then_translate(lines, settings):
         inside.set()
-        release.wait(10)
+        release.wait(WAIT)  # the test's to let go: a loaded machine only makes it later, never changes the batch
         return translate(lines, settings)
     batcher.translate = hold_then_translate
     return inside, release
 
 
 async def until(condition, what: str) -> None:
-    for _ in range(1000):
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
         if condition():
             return
         await asyncio.sleep(0.01)
-    raise AssertionError(f"waited 10 s for {what}")
+    raise AssertionError(f"waited {WAIT} s for {what}")
 
 
 def metric(text: str, name: str) -> float:

@@ -9,7 +9,8 @@ from mt import checkpoint
 from mt.cli import app
 from mt.data.lines import read_text
 from mt.decode.load import load_model
-from mt.decode.translate import Options, translate_lines
+from mt.decode.search import SearchOptions
+from mt.decode.translate import translate_lines
 from mt.errors import MtError
 from mt.train.average import average, average_on_valid, average_run, choose
 from mt.train.loop import train
@@ -44,7 +45,7 @@ def test_several_counts_keep_the_average_with_the_best_valid_bleu(run, prepared,
     chosen = load_model(tmp_path / "avg.pt")
     assert chosen.state["metrics"]["average_choice"] == results
     sources, refs = read_text(prepared / "valid.src.txt"), read_text(prepared / "valid.tgt.txt")
-    hyps = translate_lines(chosen, sources, Options.from_config(chosen.config.decode, beam=1), torch.device("cpu"))
+    hyps = translate_lines(chosen, sources, SearchOptions.from_config(chosen.config.decode, beam=1), torch.device("cpu"))
     texts = chosen.tgt_tok.decode([h[0].tokens for h in hyps])
     assert round(sacrebleu.corpus_bleu(texts, [refs]).score, 2) == results[0]["valid_bleu"]
 
