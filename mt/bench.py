@@ -31,9 +31,9 @@ from mt.data.tokenizer import EOS
 from mt.decode.load import load_model
 from mt.decode.search import SearchOptions, autocast, beam_search, greedy
 from mt.decode.translate import compiled, translate_lines
-from mt.device import autocast_dtype, pick_device
+from mt.device import autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
-from mt.model.fast import PRECISIONS, compile_decoding, for_inference, for_training
+from mt.model.fast import PRECISIONS, compile_decoding, fast_paths, for_inference, for_training
 from mt.model.fast_linear import onednn_available, onednn_mm, use_onednn
 from mt.model.transformer import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
@@ -68,19 +68,21 @@ def bench_translate(setting: TranslateBench) -> dict:
     if setting.precision not in PRECISIONS or setting.precision == "int8" and device.type != "cpu":
         raise MtError(f"--precision {setting.precision}: fp32 or bf16, or int8 on a CPU")
     n = setting.sentences or max(setting.batch, 16)
-    run, counted, parameters = (checkpoint_workload if setting.checkpoint else preset_workload)(setting, n, device)
+    run, counted, parameters, paths = (checkpoint_workload if setting.checkpoint else preset_workload)(setting, n,
+                                                                                                       device)
     times = timed(run, setting.runs, device)
     median = statistics.median(times)
     return {
         "bench": "translate", **asdict(setting), "device": str(device), "sentences": n,
-        "threads": torch.get_num_threads(), "cpu_matmul": cpu_matmul(), "parameters": parameters,
+        "threads": torch.get_num_threads(), **machine(device), "fast_paths": paths, "parameters": parameters,
         "tgt_tokens": counted[0], "median_s": median, "min_s": min(times),
         "tgt_tok_per_s": counted[0] / median, "sent_per_s": n / median, **peak_memory(device),
         "torch": torch.__version__,
     }
 
 
-def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device) -> tuple[Callable, list[int], int]:
+def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device
+                        ) -> tuple[Callable, list[int], int, list[str]]:
     """A trained checkpoint translating the first `n` lines of a real file, at their real lengths."""
 
     if not setting.input:
@@ -97,10 +99,11 @@ def checkpoint_workload(setting: TranslateBench, n: int, device: torch.device) -
         results = translate_lines(loaded, lines, opts, device)
         counted[:] = [sum(len(h[0].tokens) + 1 for h in results if h)]
 
-    return run, counted, loaded.parameters
+    return run, counted, loaded.parameters, fast_paths(loaded.model)
 
 
-def preset_workload(setting: TranslateBench, n: int, device: torch.device) -> tuple[Callable, list[int], int]:
+def preset_workload(setting: TranslateBench, n: int, device: torch.device
+                    ) -> tuple[Callable, list[int], int, list[str]]:
     """A random-weight preset translating `n` random sources into exactly `tgt_len` tokens each."""
     model = preset_model(setting.preset, setting.seed).to(device)
     parameters = count_parameters(model)
@@ -120,7 +123,7 @@ def preset_workload(setting: TranslateBench, n: int, device: torch.device) -> tu
                 else:
                     beam_search(model, src, setting.beam, 0.6, 0.0, limit, min_len=exact)
 
-    return run, [n * setting.tgt_len], parameters
+    return run, [n * setting.tgt_len], parameters, fast_paths(model)
 
 
 def timed(run: Callable, runs: int, device: torch.device) -> list[float]:
@@ -226,6 +229,15 @@ def train_flops(cfg: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: flo
     return 3 * 2 * (enc + dec + out)
 
 
+def machine(device: torch.device) -> dict:
+    """What the machine's kernels are, as the fast paths choose them: the CPU's instruction set as PyTorch uses it,
+    whether it multiplies bf16 in hardware (else bf16 is emulated and `auto` precision is fp32), the fp32 matmul."""
+    if device.type != "cpu":
+        return {"cpu_matmul": cpu_matmul()}
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": native_bf16(),
+            "cpu_matmul": cpu_matmul()}
+
+
 def cpu_matmul() -> str:
     """The fp32 CPU matmul kernel mt's linear layers use here (see mt/model/fast_linear.py)."""
 
@@ -255,7 +267,7 @@ def bench_train(setting: TrainBench) -> dict:
     torch.manual_seed(0)
     cfg = Config(model=preset_config(setting.preset, setting.dropout))
     amp_dtype = autocast_dtype(setting.precision, device)
-    batches, load_seconds = train_batches(setting, cfg)
+    batches, load_seconds = train_batches(setting, cfg, pad_multiple(device))
     model = for_training(Transformer(cfg.model).to(device)).train()  # the model as `mt train` trains it
     optimizer = adam(list(model.parameters()), cfg.train)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
@@ -277,7 +289,7 @@ def bench_train(setting: TrainBench) -> dict:
     peak = matmul_peak(setting.precision, device)
     return {
         "bench": "train", **asdict(setting), "device": str(device), "threads": torch.get_num_threads(),
-        "cpu_matmul": cpu_matmul(), "parameters": count_parameters(model),
+        **machine(device), "fast_paths": fast_paths(model), "parameters": count_parameters(model),
         "median_step_s": statistics.median(times), "tgt_tok_per_s": tgt_tokens / seconds,
         "src_tok_per_s": src_tokens / seconds, "flops_per_tgt_token": flops / tgt_tokens,
         "achieved_tflops": flops / seconds / 1e12, "peak_tflops": peak / 1e12, "mfu": flops / seconds / peak,
@@ -287,9 +299,10 @@ def bench_train(setting: TrainBench) -> dict:
     }
 
 
-def train_batches(setting: TrainBench, cfg: Config) -> tuple[list[Batch], float]:
-    """The setting's batches on the host (a prepared corpus's real ones, or one fixed-shape batch repeated), and
-    the seconds collating one took."""
+def train_batches(setting: TrainBench, cfg: Config, multiple: int = 1) -> tuple[list[Batch], float]:
+    """The setting's batches on the host (a prepared corpus's real ones, their lengths rounded up to a multiple of
+    `multiple` as `mt train` rounds them on this device, or one fixed-shape batch repeated), and the seconds
+    collating one took."""
     total = setting.warmup + setting.steps
     if not setting.data:
         g = torch.Generator().manual_seed(0)
@@ -305,7 +318,7 @@ def train_batches(setting: TrainBench, cfg: Config) -> tuple[list[Batch], float]
                                                               int(split.tgt_ids.max()) + 1)
     order = epoch_batches(split, setting.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
     load_start = time.perf_counter()
-    batches = [collate(split, idx, cfg.model.max_len) for idx in order]
+    batches = [collate(split, idx, cfg.model.max_len, multiple) for idx in order]
     return batches, (time.perf_counter() - load_start) / len(batches)
 
 
@@ -329,8 +342,12 @@ def run_grid(kind: str, threads: int, data: str | None, readme: Path | None, as_
 
 def summary(result: dict) -> str:
     """One setting's result as `mt bench` prints it without --json."""
+    paths = "fast paths: " + ("; ".join(result["fast_paths"]) or "none (MT_FAST=0)")
+    if "cpu_capability" in result:
+        bf16 = "bf16 in hardware" if result["native_bf16"] else "bf16 emulated"
+        paths += f" · CPU {result['cpu_capability']}, {bf16}, {result['cpu_matmul']} matmuls"
     if result["bench"] == "translate":
-        return markdown_table([result])
+        return markdown_table([result]) + "\n" + paths
     return (f"{result['tgt_tok_per_s']:,.0f} tgt tok/s · MFU {result['mfu']:.1%} of "
             f"{result['peak_tflops'] * 1000:.0f} GFLOP/s · {result['flops_per_tgt_token'] / 1e6:.1f} MFLOP/token"
-            f" · padding {result['padding_fraction']:.1%} · peak RSS {result['peak_rss_mb']:,.0f} MB")
+            f" · padding {result['padding_fraction']:.1%} · peak RSS {result['peak_rss_mb']:,.0f} MB\n{paths}")

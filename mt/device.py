@@ -8,6 +8,7 @@ import os
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mt.errors import MtError
 
@@ -38,6 +39,27 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 def autocast(dtype: torch.dtype | None, device: torch.device) -> AbstractContextManager:
     """Mixed precision in `dtype` on `device`, or nothing for fp32."""
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def attention_backends(device: torch.device) -> list[SDPBackend] | None:
+    """The kernels `F.scaled_dot_product_attention` may choose on `device`; None: all of them (PyTorch's choice).
+    On a GPU, every kernel but cuDNN's, which builds an execution plan for each new shape (300-400 ms on an H200),
+    and token-budget batches and decoding steps bring new shapes all the time (docs/benchmarks.md)."""
+    if device.type != "cuda":
+        return None
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_kernels(device: torch.device) -> AbstractContextManager:
+    """Attention on `device` restricted to `attention_backends`."""
+    backends = attention_backends(device)
+    return sdpa_kernel(backends) if backends is not None else nullcontext()
+
+
+def pad_multiple(device: torch.device) -> int:
+    """What a training batch's lengths are rounded up to on `device`: 8 on a GPU, where tensor cores take multiples
+    of 8 and a few repeated shapes replace a new one per batch; 1 (no rounding) elsewhere."""
+    return 8 if device.type == "cuda" else 1
 
 
 def cpu_vendor() -> str:

@@ -44,3 +44,18 @@ def test_bf16_counts_as_native_only_where_the_cpu_and_the_isa_caps_allow_it(monk
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa_cap)
     assert device_module.native_bf16() is native
+
+
+def test_on_a_gpu_attention_never_takes_cudnns_kernel_which_plans_anew_for_every_shape():
+    from torch.nn.attention import SDPBackend
+
+    from mt.device import attention_backends, attention_kernels, pad_multiple
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert SDPBackend.CUDNN_ATTENTION not in attention_backends(gpu)
+    assert SDPBackend.FLASH_ATTENTION in attention_backends(gpu)
+    assert attention_backends(cpu) is None  # PyTorch's choice
+    with attention_kernels(gpu):  # the flags a training or decoding step runs under on a GPU
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() or not torch.backends.cuda.is_built()  # restored after
+    assert (pad_multiple(gpu), pad_multiple(cpu)) == (8, 1)

@@ -194,14 +194,21 @@ def batch_by_tokens(lengths: np.ndarray, max_tokens: int, rng: np.random.Generat
     return batches
 
 
-def pad(seqs: list[np.ndarray | list[int]], prefix: list[int], suffix: list[int]) -> Tensor:
-    """Right-pad sequences (with BOS/EOS added as asked) into one (B, T) int64 tensor."""
-    width = max(len(s) for s in seqs) + len(prefix) + len(suffix)
+def pad(seqs: list[np.ndarray | list[int]], prefix: list[int], suffix: list[int], multiple: int = 1,
+        limit: int | None = None) -> Tensor:
+    """Right-pad sequences (with BOS/EOS added as asked) into one (B, T) int64 tensor, T rounded up to a multiple of
+    `multiple` but not past `limit`."""
+    width = rounded(max(len(s) for s in seqs) + len(prefix) + len(suffix), multiple, limit)
     out = torch.full((len(seqs), width), PAD, dtype=torch.long)
     for row, s in enumerate(seqs):
         full = prefix + [int(t) for t in s] + suffix
         out[row, :len(full)] = torch.tensor(full, dtype=torch.long)
     return out
+
+
+def rounded(width: int, multiple: int, limit: int | None) -> int:
+    """`width` rounded up to a multiple of `multiple`, but not past `limit` (nor below `width`)."""
+    return max(width, min(-(-width // multiple) * multiple, limit if limit is not None else width + multiple))
 
 
 @dataclass
@@ -217,17 +224,23 @@ class Batch:
                      self.tgt_out.to(device, non_blocking=nb), self.n_tgt_tokens)
 
 
-def collate(split: Split, indices: np.ndarray, max_len: int) -> Batch:
-    """Build a padded batch. Sequences are cut to fit `max_len` positions including their BOS/EOS."""
+def collate(split: Split, indices: np.ndarray, max_len: int, multiple: int = 1) -> Batch:
+    """Build a padded batch. Sequences are cut to fit `max_len` positions including their BOS/EOS; the lengths of
+    source and target are rounded up to a multiple of `multiple` (within `max_len`)."""
     srcs = [split.src(i)[:max_len - 1] for i in indices]
     tgts = [split.tgt(i)[:max_len - 1] for i in indices]
-    tgt_in, tgt_out = shift_targets(tgts)
-    return Batch(pad(srcs, [], [EOS]), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
+    tgt_in, tgt_out = shift_targets(tgts, multiple, max_len)
+    return Batch(pad(srcs, [], [EOS], multiple, max_len), tgt_in, tgt_out, int((tgt_out != PAD).sum()))
 
 
-def shift_targets(tgts: list[np.ndarray | list[int]]) -> tuple[Tensor, Tensor]:
-    """Teacher forcing: the decoder reads BOS + pieces and must predict pieces + EOS; both (B, T), right-padded."""
-    tgt = pad(tgts, [BOS], [EOS])  # BOS ... EOS; input drops the last column, output the first
+def shift_targets(tgts: list[np.ndarray | list[int]], multiple: int = 1, limit: int | None = None
+                  ) -> tuple[Tensor, Tensor]:
+    """Teacher forcing: the decoder reads BOS + pieces and must predict pieces + EOS; both (B, T), right-padded,
+    T rounded up to a multiple of `multiple` (within `limit`)."""
+    # BOS ... EOS, one column more than the decoder reads: its input drops the last column, its output the first
+    width = rounded(max(len(t) for t in tgts) + 1, multiple, limit) + 1
+    tgt = pad(tgts, [BOS], [EOS], 1, None)
+    tgt = torch.nn.functional.pad(tgt, (0, width - tgt.size(1)), value=PAD)
     tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:].clone()
     tgt_in[tgt_in == EOS] = PAD  # the EOS of shorter rows is not an input
     return tgt_in, tgt_out
@@ -249,11 +262,12 @@ class StepBatches:
     n_tokens: int  # target tokens of the whole step, all ranks' batches: the loss is normalised by them
 
 
-def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world: int, rank: int
-                 ) -> Iterator[StepBatches]:
+def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world: int, rank: int,
+                 multiple: int = 1) -> Iterator[StepBatches]:
     """The steps from batch `batch` of epoch `epoch` on, forever, each epoch from its `epoch_split`. Each step takes
     world × accumulate consecutive batches of the epoch's list, and rank r collates the r-th, (r + world)-th, ... of
-    them. An epoch's tail too short for a whole step is left out (the next epoch's shuffle brings it back)."""
+    them, their lengths rounded up to a multiple of `multiple`. An epoch's tail too short for a whole step is left
+    out (the next epoch's shuffle brings it back)."""
     train_cfg, max_len = cfg.train, cfg.model.max_len
     per_step = world * train_cfg.accumulate
     while True:
@@ -267,7 +281,7 @@ def step_batches(splits: list[Split], cfg: Config, epoch: int, batch: int, world
         while batch + per_step <= len(batches):
             mine = batches[batch + rank:batch + per_step:world]
             n_tokens = sum(target_tokens(tgt_lens, batches[i], max_len) for i in range(batch, batch + per_step))
-            yield StepBatches(epoch, batch, [collate(split, idx, max_len) for idx in mine], n_tokens)
+            yield StepBatches(epoch, batch, [collate(split, idx, max_len, multiple) for idx in mine], n_tokens)
             batch += per_step
         epoch, batch = epoch + 1, 0
 

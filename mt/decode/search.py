@@ -25,6 +25,7 @@ from tqdm import tqdm
 from mt.config import DecodeConfig
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import BOS, EOS, PAD
+from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
 
@@ -307,7 +308,7 @@ def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: tor
     results: list[list[Hypothesis]] = [[] for _ in srcs]
     for idx in batch_by_tokens(lengths, opts.batch_tokens):
         src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        with autocast(opts.precision, device):
+        with autocast(opts.precision, device), attention_kernels(device):
             if opts.beam == 1 and opts.nbest == 1:
                 hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
             else:

@@ -38,7 +38,7 @@ import mt.model.fast_loss
 from mt.device import native_bf16
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
-from mt.model.fast_linear import Linear, onednn_linear, prefers_onednn
+from mt.model.fast_linear import Linear, onednn_linear, prefers_onednn, use_onednn
 from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -95,6 +95,33 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
         swap_children(model, lambda child: FrozenLinear(child) if type(child) in (nn.Linear, Linear) else None)
         set_attention(model, attention, matmul_attention)
     return model.eval()
+
+
+def fast_paths(model: nn.Module) -> list[str]:
+    """The fast paths in `model` as `for_training` or `for_inference` left it, by name, with the kernel each chose on
+    this machine: what `mt bench` reports it ran. [] for a plain model."""
+    kinds = {type(module) for module in model.modules()}
+    layers = [m for m in model.modules() if isinstance(m, (SelfAttention, CrossAttention))]
+    found = []
+    if Linear in kinds:
+        found.append(f"linear: {'oneDNN' if use_onednn() else 'MKL'} fp32 matmuls")
+    if FrozenLinear in kinds:
+        found.append("linear: frozen, weights transposed")
+    if any(kind.__module__.startswith("torch.ao.nn.quantized") for kind in kinds):
+        found.append("linear: int8, dynamically quantized")
+    if Bf16Linear in kinds:
+        found.append("output layer: bf16 (multiplied in hardware)")
+    if Dropout in kinds:
+        found.append("dropout: 16-bit masks")
+    if layers and layers[0].attend is cpu_training_attention:
+        found.append("attention: matmuls where the fused CPU kernel is slower")
+    if layers and layers[0].attend_step is matmul_attention:
+        found.append("attention in decoding steps: matmuls")
+    if any(getattr(m, "output_loss", None) is mt.model.fast_loss.output_loss for m in model.modules()):
+        found.append("loss: fused with the output layer")
+    if any(hasattr(getattr(m, "step_layers", None), "_torchdynamo_orig_callable") for m in model.modules()):
+        found.append("decoding step: compiled")
+    return found
 
 
 def compile_decoding(model: nn.Module) -> nn.Module:

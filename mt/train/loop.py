@@ -32,7 +32,7 @@ from mt.data.batches import (
 )
 from mt.data.ids import Split
 from mt.data.lines import check_output_dir, read_text
-from mt.device import autocast, autocast_dtype, pick_device
+from mt.device import attention_kernels, autocast, autocast_dtype, pad_multiple, pick_device
 from mt.errors import MtError
 from mt.model.fast import for_training
 from mt.model.transformer import Transformer, count_parameters
@@ -184,8 +184,9 @@ def loop(run: Run, state: TrainState) -> dict:
     train_cfg, pos, device = run.cfg.train, state.position, run.device
     batches_per_step = run.world * train_cfg.accumulate
     on_gpu = device.type == "cuda"  # pinned host memory lets the copy to the GPU run asynchronously
-    steps = Prefetch((pinned(s) if on_gpu else s for s in step_batches(run.train_data, run.cfg, pos.epoch,
-                                                                        pos.batch, run.world, run.rank)), depth=2)
+    steps = Prefetch((pinned(s) if on_gpu else s for s in step_batches(run.train_data, run.cfg, pos.epoch, pos.batch,
+                                                                        run.world, run.rank, pad_multiple(device))),
+                     depth=2)
     signals = StopSignals()
     bar = run.log.progress_bar(train_cfg.max_steps, pos.step)
     interval = Interval(torch.zeros((), device=device))
@@ -332,7 +333,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler:
     total = torch.zeros((), device=device)
     for i, batch in enumerate(batches):
         with distributed.sync_gradients(ddp, last=i == len(batches) - 1):
-            with autocast(amp_dtype, device):
+            with autocast(amp_dtype, device), attention_kernels(device):
                 loss = model(batch.src, batch.tgt_in, batch.tgt_out, cfg.train.label_smoothing)
             # Per target token of the whole step; × world because DDP averages the ranks' gradients.
             scaler.scale(loss * world / n_tokens).backward()

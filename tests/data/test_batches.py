@@ -132,3 +132,34 @@ def test_prefetch_keeps_the_order_and_raises_the_producers_error():
     with pytest.raises(ValueError, match="bad batch"):
         prefetch.next()
     prefetch.close()
+
+
+def test_lengths_rounded_to_a_multiple_change_the_shape_and_nothing_else(tmp_path):
+    # Lengths 3, 5, 9 and one at the model's limit: rounded up to multiples of 8, never past max_len.
+    split = write_split(tmp_path, "train", [[5] * 3, [6] * 5, [7] * 9, [8] * 40],
+                        [[9] * 4, [10] * 5, [11] * 2, [12] * 7])
+    for rows in ([0, 1], [2], [3]):
+        plain, rounded = collate(split, np.array(rows), 16), collate(split, np.array(rows), 16, multiple=8)
+        for name in ("src", "tgt_in", "tgt_out"):
+            before, after = getattr(plain, name), getattr(rounded, name)
+            assert after.size(1) in (8, 16) and after.size(1) >= before.size(1)
+            assert torch.equal(after[:, :before.size(1)], before) and (after[:, before.size(1):] == PAD).all()
+        assert rounded.n_tgt_tokens == plain.n_tgt_tokens
+
+
+def test_on_a_gpu_every_training_batch_comes_in_a_few_shapes(prepared):
+    """Token-budget batches bring a new (source, target) length almost every step; rounded to multiples of 8, as
+    `mt train` does on a GPU (`pad_multiple`), they repeat."""
+    split = Split(prepared, "train")
+    cfg = step_config(accumulate=1)
+    plain, rounded = set(), set()
+    steps = zip(step_batches([split], cfg, 0, 0, 1, 0), step_batches([split], cfg, 0, 0, 1, 0, multiple=8),
+                strict=True)
+    for a, b in itertools.islice(steps, 60):
+        (x,), (y,) = a.batches, b.batches
+        plain.add((x.src.size(1), x.tgt_in.size(1)))
+        rounded.add((y.src.size(1), y.tgt_in.size(1)))
+        assert y.src.size(1) % 8 == 0 or y.src.size(1) == cfg.model.max_len
+        assert y.tgt_in.size(1) % 8 == 0 or y.tgt_in.size(1) == cfg.model.max_len
+        assert a.n_tokens == b.n_tokens
+    assert len(rounded) < len(plain)
