@@ -1,8 +1,8 @@
 """Side by side: an `mt` training step against Hugging Face `MarianMTModel` at the same architecture.
 
 Both train on the same fixed-shape batches (random ids, `--batch` pairs of `--src-len` + `--tgt-len` tokens,
-dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward, optimizer step. Steps alternate between the
-two systems so machine noise hits both alike; the medians are compared. Needs `pip install -e '.[bench]'`.
+dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward, optimizer step. Steps alternate between
+the two systems so machine noise hits both alike; the medians are compared. Needs `pip install -e '.[bench]'`.
 
     python benchmarks/compare_train.py --preset small --precision fp32
 

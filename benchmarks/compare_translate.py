@@ -61,8 +61,9 @@ def marian_model(preset: str, model_dir: Path):
     tokens = ["<unk>", "</s>"] + [f"w{i}" for i in range(2, VOCAB)] + ["<pad>"]
     (model_dir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")
     # MarianTokenizer insists on SentencePiece files; they are never used, since ids go in directly.
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g h"] * 10), model_prefix=str(model_dir / "spm"),
-                                   vocab_size=12, model_type="char", minloglevel=2)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g h"] * 10),
+                                   model_prefix=str(model_dir / "spm"), vocab_size=12, model_type="char",
+                                   minloglevel=2)
     for name in ("source.spm", "target.spm"):
         (model_dir / name).write_bytes((model_dir / "spm.model").read_bytes())
     (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer",
@@ -132,7 +133,8 @@ def main() -> None:
         ct2_dir = Path(tmp) / "ct2"
         for compute_type in ("float32", "int8") if args.int8 else ("float32",):
             out_dir = ct2_dir / compute_type
-            ctranslate2.converters.TransformersConverter(str(Path(tmp) / "hf")).convert(str(out_dir), quantization=compute_type)
+            ctranslate2.converters.TransformersConverter(str(Path(tmp) / "hf")).convert(
+                str(out_dir), quantization=compute_type)
             translator = ctranslate2.Translator(str(out_dir), device="cpu", inter_threads=1, intra_threads=args.threads,
                                                 compute_type=compute_type)
             tokens = [[pieces[i] for i in s] + ["</s>"] for s in srcs]
@@ -150,7 +152,8 @@ def main() -> None:
     base = results["mt-fp32"]["tgt_tok_per_s"]
     ratios = {name: round(base / r["tgt_tok_per_s"], 2) for name, r in results.items() if name != "mt-fp32"}
     if "mt-int8" in results and "ct2-int8" in results:
-        ratios["mt-int8 / ct2-int8"] = round(results["mt-int8"]["tgt_tok_per_s"] / results["ct2-int8"]["tgt_tok_per_s"], 2)
+        ratios["mt-int8 / ct2-int8"] = round(
+            results["mt-int8"]["tgt_tok_per_s"] / results["ct2-int8"]["tgt_tok_per_s"], 2)
     print(json.dumps({"ratios_mt_fp32_over": ratios}))
 
 

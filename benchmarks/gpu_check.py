@@ -263,8 +263,9 @@ class Check:
     def translate_and_evaluate(self) -> None:
         first = self.plan.precisions[0]
         src, ref, hyp = self.data / "test.src.txt", self.data / "test.tgt.txt", self.work / "test.hyp.txt"
-        step, _ = self.run("translate", self.mt("translate", "--checkpoint", str(self.work / f"run-{first}" / "best.pt"),
-                                                "--input", str(src), "--output", str(hyp)), needs=(f"train {first}",))
+        step, _ = self.run("translate", self.mt("translate", "--checkpoint",
+                                                str(self.work / f"run-{first}" / "best.pt"), "--input", str(src),
+                                                "--output", str(hyp)), needs=(f"train {first}",))
         if step["ok"]:
             self.judge(step, check_lines(hyp, src))
         step, out = self.run("evaluate", self.mt("evaluate", "--hyp", str(hyp), "--ref", str(ref), "--json"),

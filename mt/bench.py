@@ -170,7 +170,8 @@ def run_isolated(kind: str, setting: TranslateBench | TrainBench) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| preset | beam | batch | precision | tgt tok/s | sent/s | median s | peak RSS MB |\n|---|---|---|---|---|---|---|---|"
+    head = ("| preset | beam | batch | precision | tgt tok/s | sent/s | median s | peak RSS MB |\n"
+            "|---|---|---|---|---|---|---|---|")
     lines = [f"| {r['preset']} | {r['beam']} | {r['batch']} | {r['precision']} | {r['tgt_tok_per_s']:,.0f} | "
              f"{r['sent_per_s']:,.1f} | {r['median_s']:.3f} | {r['peak_rss_mb']:,.0f} |" for r in rows]
     return "\n".join([head, *lines])
@@ -246,7 +247,8 @@ def cpu_matmul() -> str:
 
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
     """The machine's own measured matmul FLOP/s in this precision (the MFU denominator); on a CPU the faster of
-    PyTorch's two kernels, MKL and oneDNN (see mt/model/fast_linear.py), so the choice of kernel cannot flatter the MFU."""
+    PyTorch's two kernels, MKL and oneDNN (see mt/model/fast_linear.py), so the choice of kernel cannot flatter the
+    MFU."""
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))

@@ -70,23 +70,42 @@ def prepare(
     src: Annotated[str, typer.Option(help="Source language code.")] = "de",
     tgt: Annotated[str, typer.Option(help="Target language code.")] = "en",
     out: Annotated[Path | None, typer.Option(help="Output directory [default: data/prepared/CORPUS_SRC_TGT].")] = None,
-    train: Annotated[str | None, typer.Option(help="Training data: PREFIX (PREFIX.SRC/.TGT, .gz ok), a .tsv, .jsonl, .csv or .parquet file, or hf:NAME:CONFIG.")] = None,
+    train: Annotated[str | None, typer.Option(help="Training data: PREFIX (PREFIX.SRC/.TGT, .gz ok), a .tsv, "
+                                                   ".jsonl, .csv or .parquet file, or hf:NAME:CONFIG.")] = None,
     valid: Annotated[str | None, typer.Option(help="Validation data, same forms as --train.")] = None,
     test: Annotated[str | None, typer.Option(help="Test data, same forms as --train.")] = None,
     mirror: Annotated[Path | None, typer.Option(help="Local mirror of named corpora [default: $MT_MIRROR].")] = None,
     vocab_size: Annotated[int, typer.Option(min=8, help="SentencePiece vocabulary size.")] = PREPARE.vocab_size,
-    separate_vocab: Annotated[bool, typer.Option(help="One SentencePiece model per language instead of a joint one.")] = not PREPARE.joint,
-    model_type: Annotated[Literal["unigram", "bpe"], typer.Option(help="SentencePiece model type: unigram or bpe.")] = PREPARE.model_type,
-    spm_sentences: Annotated[int, typer.Option(min=1, help="Train SentencePiece on a random sample of at most this many lines (bounds its memory on big corpora).")] = PREPARE.spm_sentences,
-    max_words: Annotated[int, typer.Option(min=1, help="Drop training pairs with more words on either side.")] = PREPARE.max_words,
-    max_ratio: Annotated[float, typer.Option(min=1.0, help="Drop training pairs whose length ratio exceeds this.")] = PREPARE.max_ratio,
-    max_pieces: Annotated[int, typer.Option(min=1, help="Drop training pairs with more SentencePiece pieces on either side.")] = PREPARE.max_pieces,
+    separate_vocab: Annotated[bool, typer.Option(help="One SentencePiece model per language instead "
+                                                      "of a joint one.")] = not PREPARE.joint,
+    model_type: Annotated[Literal["unigram", "bpe"],
+                          typer.Option(help="SentencePiece model type: unigram or bpe.")] = PREPARE.model_type,
+    spm_sentences: Annotated[int, typer.Option(min=1,
+                                               help="Train SentencePiece on a random sample of at most this many lines "
+                                                    "(bounds its memory on big corpora).")] = PREPARE.spm_sentences,
+    max_words: Annotated[int, typer.Option(min=1, help="Drop training pairs with more words "
+                                                       "on either side.")] = PREPARE.max_words,
+    max_ratio: Annotated[float, typer.Option(min=1.0, help="Drop training pairs whose length ratio "
+                                                           "exceeds this.")] = PREPARE.max_ratio,
+    max_pieces: Annotated[int, typer.Option(min=1, help="Drop training pairs with more SentencePiece "
+                                                        "pieces on either side.")] = PREPARE.max_pieces,
     dedup: Annotated[bool, typer.Option(help="Drop exact duplicate training pairs.")] = PREPARE.dedup,
-    encoding_errors: Annotated[Literal["strict", "replace", "ignore"], typer.Option(help="On bytes that are not UTF-8: strict (stop) or replace.")] = PREPARE.encoding_errors,
-    subword_samples: Annotated[int, typer.Option(min=0, help="Subword regularization: also write N copies of the training data, each segmented by sampling; training takes one per epoch in turn. Pays off only with long training; the one-hour recipes leave it off. 0: off.")] = PREPARE.subword_samples,
-    subword_alpha: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampling smoothness for --subword-samples, in (0, 1]: lower gives more varied, longer segmentations.")] = PREPARE.subword_alpha,
-    tokenizer: Annotated[Path | None, typer.Option(help="Encode with the vocabulary of this mt checkpoint (or SentencePiece .model) instead of training one: data to fine-tune that model on.")] = None,
-    two_way: Annotated[bool, typer.Option(help="Add a tag per language (>>de<<, >>en<<) to the vocabulary, for one model of both directions (train.two_way).")] = PREPARE.two_way,
+    encoding_errors: Annotated[Literal["strict", "replace", "ignore"],
+                               typer.Option(help="On bytes that are not UTF-8: strict (stop) "
+                                                 "or replace.")] = PREPARE.encoding_errors,
+    subword_samples: Annotated[int,
+                               typer.Option(min=0, help="Subword regularization: also write N copies of the training "
+                                                        "data, each segmented by sampling; training takes one per "
+                                                        "epoch in turn. Pays off only with long training; the one-hour "
+                                                        "recipes leave it off. 0: off.")] = PREPARE.subword_samples,
+    subword_alpha: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampling smoothness for --subword-samples, "
+                                                                         "in (0, 1]: lower gives more varied, longer "
+                                                                         "segmentations.")] = PREPARE.subword_alpha,
+    tokenizer: Annotated[Path | None,
+                         typer.Option(help="Encode with the vocabulary of this mt checkpoint (or SentencePiece .model) "
+                                           "instead of training one: data to fine-tune that model on.")] = None,
+    two_way: Annotated[bool, typer.Option(help="Add a tag per language (>>de<<, >>en<<) to the vocabulary, for "
+                                               "one model of both directions (train.two_way).")] = PREPARE.two_way,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")] = False,
 ) -> None:
     """Clean a parallel corpus, train SentencePiece, and write token ids to disk."""
@@ -103,11 +122,16 @@ def prepare(
 
 @app.command()
 def train(
-    config: Annotated[Path | None, typer.Argument(help="YAML config (see configs/) for a new run; none with --resume.")] = None,
+    config: Annotated[Path | None,
+                      typer.Argument(help="YAML config (see configs/) for a new run; none with --resume.")] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory [default: runs/CONFIG_NAME].")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a config value: --set train.lr=1e-3 (repeatable).")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last.pt (--set may change train.* and decode.*).")] = False,
-    init: Annotated[Path | None, typer.Option(help="Fine-tune: start a new run from this checkpoint's weights (its architecture and vocabulary; fresh optimizer, schedule and step count).")] = None,
+    set_: Annotated[list[str] | None,
+                    typer.Option("--set", help="Override a config value: --set train.lr=1e-3 (repeatable).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --out from its last.pt (--set "
+                                              "may change train.* and decode.*).")] = False,
+    init: Annotated[Path | None,
+                    typer.Option(help="Fine-tune: start a new run from this checkpoint's weights (its architecture "
+                                      "and vocabulary; fresh optimizer, schedule and step count).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or log lines.")] = False,
 ) -> None:
     """Train a Transformer on data written by `mt prepare`."""
@@ -132,24 +156,44 @@ def train(
 
 @app.command()
 def translate(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`, or a directory written by `mt export --to ctranslate2`.")],
+    checkpoint: Annotated[Path,
+                          typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`, or a directory "
+                                                                  "written by `mt export --to ctranslate2`.")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file [default: stdin].")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output file [default: stdout].")] = None,
     beam: Annotated[int | None, typer.Option(min=1, help="Beam size; 1 is greedy [default: the checkpoint's].")] = None,
-    len_penalty: Annotated[float | None, typer.Option(min=0.0, max=10.0, help="GNMT length penalty alpha [default: the checkpoint's].")] = None,
-    nbest: Annotated[int, typer.Option(min=1, help="Output the N best translations as `line ||| text ||| score`.")] = TranslateRequest.nbest,
+    len_penalty: Annotated[float | None, typer.Option(min=0.0, max=10.0, help="GNMT length penalty alpha [default: "
+                                                                              "the checkpoint's].")] = None,
+    nbest: Annotated[int, typer.Option(min=1, help="Output the N best translations as "
+                                                   "`line ||| text ||| score`.")] = TranslateRequest.nbest,
     batch_tokens: Annotated[int | None, typer.Option(min=1, help="Source tokens per batch.")] = None,
-    precision: Annotated[Literal["fp32", "bf16", "int8"], typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized linear layers, CPU).")] = TranslateRequest.precision,
-    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = TranslateRequest.device,
+    precision: Annotated[Literal["fp32", "bf16", "int8"],
+                         typer.Option(help="fp32, bf16 (autocast) or int8 (dynamically quantized "
+                                           "linear layers, CPU).")] = TranslateRequest.precision,
+    device: Annotated[Literal["auto", "cpu", "cuda"],
+                      typer.Option(help="auto, cpu or cuda.")] = TranslateRequest.device,
     threads: Annotated[int, typer.Option(min=0, help="CPU threads [default: PyTorch's].")] = TranslateRequest.threads,
-    encoding_errors: Annotated[Literal["strict", "replace", "ignore"], typer.Option(help="On bytes that are not UTF-8: strict or replace.")] = TranslateRequest.encoding_errors,
-    attention: Annotated[Path | None, typer.Option(help="Write a cross-attention heatmap per input line into this directory: DIR/000001.png, ...")] = None,
-    alignments: Annotated[Path | None, typer.Option(help="Write source-target alignments from the attention to this file, one line per input line, Pharaoh format (`0-0 1-2`, 0-based).")] = None,
-    layer: Annotated[int | None, typer.Option(min=0, help="With --attention/--alignments: this decoder layer, 0-based [default: the mean of all layers].")] = None,
-    head: Annotated[int | None, typer.Option(min=0, help="With --layer: this attention head, 0-based [default: the mean of all heads].")] = None,
-    engine: Annotated[Literal["auto", "mt", "ctranslate2"], typer.Option(help="mt (a checkpoint), ctranslate2 (an exported directory), or auto: whichever --checkpoint is.")] = TranslateRequest.engine,
-    to: Annotated[str | None, typer.Option(help="Target language: a two-way model's (train.two_way) other direction, e.g. --to en [default: the checkpoint's].")] = None,
-    compile: Annotated[bool, typer.Option("--compile", help="Compile the decoding step (torch.compile) at load, about a minute on 2 cores: then faster on small batches, a third less time for a lone sentence on CPU.")] = TranslateRequest.compile,
+    encoding_errors: Annotated[Literal["strict", "replace", "ignore"],
+                               typer.Option(help="On bytes that are not UTF-8: strict or "
+                                                 "replace.")] = TranslateRequest.encoding_errors,
+    attention: Annotated[Path | None, typer.Option(help="Write a cross-attention heatmap per input line "
+                                                        "into this directory: DIR/000001.png, ...")] = None,
+    alignments: Annotated[Path | None,
+                          typer.Option(help="Write source-target alignments from the attention to this file, one "
+                                            "line per input line, Pharaoh format (`0-0 1-2`, 0-based).")] = None,
+    layer: Annotated[int | None, typer.Option(min=0, help="With --attention/--alignments: this decoder layer, "
+                                                          "0-based [default: the mean of all layers].")] = None,
+    head: Annotated[int | None, typer.Option(min=0, help="With --layer: this attention head, 0-based "
+                                                         "[default: the mean of all heads].")] = None,
+    engine: Annotated[Literal["auto", "mt", "ctranslate2"],
+                      typer.Option(help="mt (a checkpoint), ctranslate2 (an exported directory), or "
+                                        "auto: whichever --checkpoint is.")] = TranslateRequest.engine,
+    to: Annotated[str | None, typer.Option(help="Target language: a two-way model's (train.two_way) other "
+                                                "direction, e.g. --to en [default: the checkpoint's].")] = None,
+    compile: Annotated[bool,
+                       typer.Option("--compile", help="Compile the decoding step (torch.compile) at load, about a "
+                                                      "minute on 2 cores: then faster on small batches, a third less "
+                                                      "time for a lone sentence on CPU.")] = TranslateRequest.compile,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order.
 
@@ -168,10 +212,14 @@ def translate(
 def evaluate(
     ref: Annotated[Path, typer.Option("--ref", "-r", help="Reference translations, one per line.")],
     hyp: Annotated[Path | None, typer.Option("--hyp", help="Existing translations to score.")] = None,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="Translate --src with this checkpoint (or `mt export --to ctranslate2` directory), then score.")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="Translate --src with this checkpoint "
+                                                                               "(or `mt export --to ctranslate2` "
+                                                                               "directory), then score.")] = None,
     src: Annotated[Path | None, typer.Option("--src", "-s", help="Source sentences (with --checkpoint).")] = None,
     beam: Annotated[int | None, typer.Option(min=1, help="Beam size [default: the checkpoint's].")] = None,
-    len_penalty: Annotated[float | None, typer.Option(min=0.0, max=10.0, help="Length penalty alpha (the engine's own) [default: the checkpoint's; 1.0 for CTranslate2].")] = None,
+    len_penalty: Annotated[float | None,
+                           typer.Option(min=0.0, max=10.0, help="Length penalty alpha (the engine's own) [default: "
+                                                                "the checkpoint's; 1.0 for CTranslate2].")] = None,
     lowercase: Annotated[bool, typer.Option("--lowercase", "-lc", help="Case-insensitive scores.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
@@ -185,11 +233,14 @@ def evaluate(
 
 @app.command()
 def average(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory with checkpoint-STEP.pt files (train.keep_checkpoints).")],
+    run_dir: Annotated[Path,
+                       typer.Argument(help="A run directory with checkpoint-STEP.pt files (train.keep_checkpoints).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The averaged checkpoint to write.")],
-    last: Annotated[str, typer.Option(help="Average the N newest checkpoints; several counts (2,4,8): keep the one with the best valid BLEU.")] = "0",
+    last: Annotated[str, typer.Option(help="Average the N newest checkpoints; several counts "
+                                           "(2,4,8): keep the one with the best valid BLEU.")] = "0",
     best: Annotated[int, typer.Option(min=0, help="Average the N with the best validation BLEU.")] = 0,
-    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = DEVICE,
+    device: Annotated[Literal["auto", "cpu", "cuda"],
+                      typer.Option(help="auto, cpu or cuda (to translate valid when choosing among counts).")] = DEVICE,
 ) -> None:
     """Average the weights of a run's last N (or best N) checkpoints into one translation checkpoint."""
     from mt.train.average import average_checkpoints, summary
@@ -200,10 +251,16 @@ def average(
 
 @app.command()
 def ensemble(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. averaged runs of different seeds), at most one of them right to left; and at most one of the first one's direction reversed, any vocabulary (a channel model, e.g. de-en beside en-de).")],
+    checkpoints: Annotated[list[Path],
+                           typer.Argument(help="Two or more checkpoints of one vocabulary and architecture (e.g. "
+                                               "averaged runs of different seeds), at most one of them right to "
+                                               "left; and at most one of the first one's direction reversed, any "
+                                               "vocabulary (a channel model, e.g. de-en beside en-de).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The ensemble checkpoint to write.")],
 ) -> None:
-    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their predictions; a right-to-left model (model.right_to_left) or one of the reverse direction among them reranks the others' beam instead."""
+    """Combine checkpoints into one ensemble checkpoint: translate, tune, report, score and serve average their
+    predictions; a right-to-left model (model.right_to_left) or one of the reverse direction among them reranks the
+    others' beam instead."""
     from mt.checkpoint import joined
     from mt.decode.ensemble import write_ensemble
 
@@ -214,9 +271,12 @@ def ensemble(
 @app.command()
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint written by `mt train` or `mt average`.")],
-    to: Annotated[Literal["ctranslate2", "huggingface"], typer.Option(help="ctranslate2 (a CTranslate2 model directory) or huggingface (a MarianMTModel directory).")],
+    to: Annotated[Literal["ctranslate2", "huggingface"],
+                  typer.Option(help="ctranslate2 (a CTranslate2 model directory) "
+                                    "or huggingface (a MarianMTModel directory).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The model directory to write.")],
-    quantization: Annotated[Literal["float32", "int8", "int8_float32", "int8_bfloat16", "float16", "bfloat16"], typer.Option(help="Weight type, for ctranslate2 (huggingface: float32).")] = "float32",
+    quantization: Annotated[Literal["float32", "int8", "int8_float32", "int8_bfloat16", "float16", "bfloat16"],
+                            typer.Option(help="Weight type, for ctranslate2 (huggingface: float32).")] = "float32",
     force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
 ) -> None:
     """Export a checkpoint for CTranslate2 or Hugging Face transformers, with its SentencePiece models and a README."""
@@ -227,24 +287,39 @@ def export(
 
 @app.command()
 def serve(
-    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints (or CTranslate2 exports) to serve, each loaded once.")],
+    checkpoints: Annotated[list[Path],
+                           typer.Argument(help="Checkpoints (or CTranslate2 exports) to serve, each loaded once.")],
     host: Annotated[str, typer.Option(help="Address to bind; the default answers this machine only.")] = SERVE.host,
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = SERVE.port,
-    name: Annotated[list[str] | None, typer.Option(help="A model's name in the APIs, one per checkpoint [default: its languages, e.g. de-en].")] = None,
+    name: Annotated[list[str] | None, typer.Option(help="A model's name in the APIs, one per checkpoint "
+                                                        "[default: its languages, e.g. de-en].")] = None,
     precision: Annotated[Literal["fp32", "bf16", "int8"], typer.Option(help="As for mt translate.")] = SERVE.precision,
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
-    api_key: Annotated[list[str] | None, typer.Option(help="Require this key on every translation request (repeatable).")] = None,
-    api_keys_file: Annotated[Path | None, typer.Option(help="Require one of the keys in this file, one per line.")] = None,
-    cors: Annotated[list[str] | None, typer.Option(help="Let pages from this origin call the API (repeatable).")] = None,
+    api_key: Annotated[list[str] | None,
+                       typer.Option(help="Require this key on every translation request (repeatable).")] = None,
+    api_keys_file: Annotated[Path | None,
+                             typer.Option(help="Require one of the keys in this file, one per line.")] = None,
+    cors: Annotated[list[str] | None,
+                    typer.Option(help="Let pages from this origin call the API (repeatable).")] = None,
     max_chars: Annotated[int, typer.Option(min=1, help="Characters per line (longer: 413).")] = SERVE.max_chars,
     max_lines: Annotated[int, typer.Option(min=1, help="Lines per request (more: 413).")] = SERVE.max_lines,
-    max_waiting: Annotated[int, typer.Option(min=1, help="Requests queued per model (more: 503, Retry-After).")] = SERVE.max_waiting,
-    timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may wait and be translated (longer: 504).")] = SERVE.timeout,
+    max_waiting: Annotated[int, typer.Option(min=1, help="Requests queued per model (more: 503, "
+                                                         "Retry-After).")] = SERVE.max_waiting,
+    timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may wait and be "
+                                                           "translated (longer: 504).")] = SERVE.timeout,
     batching: Annotated[bool, typer.Option(help="Translate concurrent requests together.")] = SERVE.batching,
-    threads: Annotated[int, typer.Option(min=0, help="CPU threads for translating [default: PyTorch's].")] = SERVE.threads,
-    compile: Annotated[bool, typer.Option("--compile", help="As for mt translate: each model compiled before the server is ready.")] = SERVE.compile,
-    client_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a client may take to send a request, head and body, from its first byte (or from connecting); slower: dropped, with 408 if its head is incomplete. Besides: idle keep-alive connections close after 5 s, a request's head may hold 16 KiB.")] = SERVE.client_timeout,
-    max_connections: Annotated[int, typer.Option(min=1, help="Open connections held at once (more: 503 at once, Retry-After).")] = SERVE.max_connections,
+    threads: Annotated[int,
+                       typer.Option(min=0, help="CPU threads for translating [default: PyTorch's].")] = SERVE.threads,
+    compile: Annotated[bool, typer.Option("--compile", help="As for mt translate: each model compiled "
+                                                            "before the server is ready.")] = SERVE.compile,
+    client_timeout: Annotated[float,
+                              typer.Option(min=0.001,
+                                           help="Seconds a client may take to send a request, head and body, from its "
+                                                "first byte (or from connecting); slower: dropped, with 408 if its "
+                                                "head is incomplete. Besides: idle keep-alive connections close after "
+                                                "5 s, a request's head may hold 16 KiB.")] = SERVE.client_timeout,
+    max_connections: Annotated[int, typer.Option(min=1, help="Open connections held at once (more: 503 at "
+                                                             "once, Retry-After).")] = SERVE.max_connections,
 ) -> None:
     """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /. Before
     exposing it to a network, read docs/serving.md."""
@@ -260,29 +335,47 @@ def serve(
 @app.command()
 def tune(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint to tune.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode defaults (may be --checkpoint itself).")],
-    src: Annotated[Path | None, typer.Option("--src", "-s", help="Held-out source sentences [default: the prepared valid split].")] = None,
-    ref: Annotated[Path | None, typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
-    beams: Annotated[str | None, typer.Option(help=f"Beam sizes to try, comma-separated [default: {','.join(map(str, mt.decode.tune.DEFAULT_BEAMS))}; {','.join(map(str, mt.decode.tune.RERANK_BEAMS))} for a checkpoint with a reranker or channel].")] = None,
-    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(map(str, mt.decode.tune.DEFAULT_PENALTIES)),
-    rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights to try, comma-separated.")] = ",".join(map(str, mt.decode.tune.DEFAULT_WEIGHTS)),
-    channel_weights: Annotated[str, typer.Option(help="With a channel model (the reverse direction) in the checkpoint: its weights to try, comma-separated; 0 leaves it out.")] = ",".join(map(str, mt.decode.tune.CHANNEL_WEIGHTS)),
-    finish_all: Annotated[str, typer.Option(help="Without a reranker or channel: whether beam search stops at its best finished hypothesis (no) or once the beam's width of them have finished (yes, decode.finish_all); each tried, comma-separated.")] = "no,yes",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write it with the chosen decode "
+                                                          "defaults (may be --checkpoint itself).")],
+    src: Annotated[Path | None, typer.Option("--src", "-s", help="Held-out source sentences [default: "
+                                                                 "the prepared valid split].")] = None,
+    ref: Annotated[Path | None,
+                   typer.Option("--ref", "-r", help="Their references [default: the prepared valid split].")] = None,
+    beams: Annotated[str | None,
+                     typer.Option(help="Beam sizes to try, comma-separated [default: "
+                                       f"{','.join(map(str, mt.decode.tune.DEFAULT_BEAMS))}; "
+                                       f"{','.join(map(str, mt.decode.tune.RERANK_BEAMS))} "
+                                       "for a checkpoint with a reranker or channel].")] = None,
+    len_penalties: Annotated[str, typer.Option(help="Length penalties to try, comma-separated.")] = ",".join(
+        map(str, mt.decode.tune.DEFAULT_PENALTIES)),
+    rerank_weights: Annotated[str, typer.Option(help="With a right-to-left reranker in the checkpoint: its weights "
+                                                     "to try, comma-separated.")] = ",".join(
+        map(str, mt.decode.tune.DEFAULT_WEIGHTS)),
+    channel_weights: Annotated[str, typer.Option(help="With a channel model (the reverse direction) in the "
+                                                      "checkpoint: its weights to try, comma-separated; "
+                                                      "0 leaves it out.")] = ",".join(
+        map(str, mt.decode.tune.CHANNEL_WEIGHTS)),
+    finish_all: Annotated[str,
+                          typer.Option(help="Without a reranker or channel: whether beam search stops at its best "
+                                            "finished hypothesis (no) or once the beam's width of them have finished "
+                                            "(yes, decode.finish_all); each tried, comma-separated.")] = "no,yes",
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
-    to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, e.g. --to en: --out then translates into it.")] = None,
+    to: Annotated[str | None, typer.Option(help="Tune a two-way model's (train.two_way) other direction, "
+                                                "e.g. --to en: --out then translates into it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Choose beam size and length penalty by BLEU on validation data; save them as the checkpoint's defaults."""
-    results = mt.decode.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device, progress=not quiet,
-                                      to=to, weights=rerank_weights, channel_weights=channel_weights,
-                                      finish=finish_all)
+    results = mt.decode.tune.tune_checkpoint(checkpoint, out, src, ref, beams, len_penalties, device,
+                                             progress=not quiet, to=to, weights=rerank_weights,
+                                             channel_weights=channel_weights, finish=finish_all)
     typer.echo(mt.decode.tune.summary(results, out))
 
 
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (for its training time and steps).")],
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: RUN_DIR/final.pt].")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", "-c", help="The checkpoint to score [default: "
+                                                                               "RUN_DIR/final.pt].")] = None,
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
 ) -> None:
     """Score a run's final checkpoint on its test split (BLEU cased and lowercased, chrF, TER, signatures) and
@@ -296,9 +389,11 @@ def report(
 
 @app.command()
 def plot(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by `mt train` (or their log.jsonl files); several are drawn on one chart.")],
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by `mt train` (or their "
+                                                        "log.jsonl files); several are drawn on one chart.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="The PNG file to write.")] = Path("curves.png"),
-    x: Annotated[Literal["step", "minutes"], typer.Option(help="Against steps, or minutes of training (runs at equal time).")] = "step",
+    x: Annotated[Literal["step", "minutes"],
+                 typer.Option(help="Against steps, or minutes of training (runs at equal time).")] = "step",
 ) -> None:
     """Training and validation curves (loss, BLEU, learning rate, tokens/s) as a PNG."""
     from mt.plot import plot_runs
@@ -319,10 +414,13 @@ def info(
 
 @app.command()
 def score(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`, or a directory written by `mt export --to ctranslate2`.")],
+    checkpoint: Annotated[Path,
+                          typer.Option("--checkpoint", "-c", help="A checkpoint written by `mt train`, or a directory "
+                                                                  "written by `mt export --to ctranslate2`.")],
     src: Annotated[Path, typer.Option("--src", "-s", help="Source sentences, one per line.")],
     tgt: Annotated[Path, typer.Option("--tgt", "-t", help="Their translations to score, line-aligned with --src.")],
-    batch_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per batch [default: the checkpoint's decode.batch_tokens].")] = None,
+    batch_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per batch [default: the checkpoint's "
+                                                                 "decode.batch_tokens].")] = None,
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(help="auto, cpu or cuda.")] = DEVICE,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:

@@ -100,7 +100,8 @@ class DecodeConfig:
     # With a channel model (the reverse direction) in the checkpoint: c, the weight of its log P(source | output)
     channel_weight: float = 0.25
     # Beam search stops a sentence once its best finished hypothesis can no longer be beaten; true: once `beam` of
-    # them have finished (fairseq's and Marian's stop), then takes the best: slower, at times better (mt tune tries both)
+    # them have finished (fairseq's and Marian's stop), then takes the best: slower, at times better
+    # (mt tune tries both)
     finish_all: bool = False
 
 

@@ -67,7 +67,8 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
     metrics = d["metrics"]
     if metrics:  # the validation this checkpoint was saved at, which may precede `step` in a last.pt
         rows += [("", ""), ("validation", f"at step {metrics['step']:,}" if "step" in metrics else "")]
-        rows += [(f"  {key}", format_value(value)) for key, value in metrics.items() if key not in ("step", "ensemble", "reranker", "channel")]
+        rows += [(f"  {key}", format_value(value)) for key, value in metrics.items()
+                 if key not in ("step", "ensemble", "reranker", "channel")]
     rows += [("", ""), ("config", "")]
     rows += [(f"  {key}", format_value(value)) for key, value in flatten(d["config"]).items()]
     width = max(len(key) for key, _ in rows)
@@ -76,8 +77,9 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
 
 def describe_architecture(arch: dict[str, Any]) -> str:
     parts = [f"{arch.get('n_enc_layers', '?')}+{arch.get('n_dec_layers', '?')} layers",
-             f"d_model {arch.get('d_model', '?')}", f"{arch.get('n_heads', '?')} heads", f"d_ff {arch.get('d_ff', '?')}",
-             str(arch.get("activation", "?")), f"{arch.get('norm', '?')}-norm", f"max_len {arch.get('max_len', '?')}"]
+             f"d_model {arch.get('d_model', '?')}", f"{arch.get('n_heads', '?')} heads",
+             f"d_ff {arch.get('d_ff', '?')}", str(arch.get("activation", "?")), f"{arch.get('norm', '?')}-norm",
+             f"max_len {arch.get('max_len', '?')}"]
     return ", ".join(parts)
 
 

@@ -1,6 +1,6 @@
 """The options of the commands that run a model, with their defaults, said once: `mt translate`'s request and the
-settings of `mt bench` and `mt serve`. Plain dataclasses without torch, so the command line reads its defaults from here as it
-starts.
+settings of `mt bench` and `mt serve`. Plain dataclasses without torch, so the command line reads its defaults from here
+as it starts.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 `make recipe NAME=...` ends with `mt report`: it translates the prepared test split with the final checkpoint,
 scores it with sacreBLEU (signatures included), reads the training wall time and steps from the run's `last.pt`
-and its speed from `log.jsonl` (its members' in an ensemble run), and writes `report.json` beside the checkpoint, atomically.
-A checkpoint reranked by a channel model (mt/decode/ensemble.py) is reported as `report.channel.json`, with the channel's
-own run's training beside the model's: the system's training is both runs'.
+and its speed from `log.jsonl` (its members' in an ensemble run), and writes `report.json` beside the checkpoint,
+atomically. A checkpoint reranked by a channel model (mt/decode/ensemble.py) is reported as `report.channel.json`, with
+the channel's own run's training beside the model's: the system's training is both runs'.
 """
 
 from __future__ import annotations

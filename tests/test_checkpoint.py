@@ -140,6 +140,7 @@ def test_a_full_disk_is_a_clear_error_that_keeps_the_previous_checkpoint(tmp_pat
     checkpoint.save({"model": {}, "config": {}, "spm": {}, "step": 1}, path)
     before = path.read_bytes()
     monkeypatch.setattr(checkpoint, "open", lambda _, mode: open("/dev/full", mode), raising=False)
-    with pytest.raises(checkpoint.MtError, match=f"{path}: cannot write: the disk is full; the previous file there is unchanged"):
+    with pytest.raises(checkpoint.MtError,
+                       match=f"{path}: cannot write: the disk is full; the previous file there is unchanged"):
         checkpoint.save({"model": {"w": torch.zeros(10_000)}, "config": {}, "spm": {}, "step": 2}, path)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["last.pt"]

@@ -79,8 +79,10 @@ def test_the_channel_recipe_trains_each_direction_not_yet_reported_then_reranks_
     assert "test -f runs/multi30k_de_en_s7/report.json || make recipe NAME=multi30k_de_en SEED=7" in commands
     joined = [c.split(" ", 1)[1] for c in commands if c.startswith(".venv/bin/mt ensemble")]
     assert joined == [
-        "ensemble runs/multi30k_en_de_s7/final.pt runs/multi30k_de_en_s7/final.pt --out runs/multi30k_en_de_s7/final.channel.pt",
-        "ensemble runs/multi30k_de_en_s7/final.pt runs/multi30k_en_de_s7/final.pt --out runs/multi30k_de_en_s7/final.channel.pt"]
+        "ensemble runs/multi30k_en_de_s7/final.pt runs/multi30k_de_en_s7/final.pt "
+        "--out runs/multi30k_en_de_s7/final.channel.pt",
+        "ensemble runs/multi30k_de_en_s7/final.pt runs/multi30k_en_de_s7/final.pt "
+        "--out runs/multi30k_de_en_s7/final.channel.pt"]
     assert ".venv/bin/mt report runs/multi30k_de_en_s7 --checkpoint runs/multi30k_de_en_s7/final.channel.pt" in commands
 
 

@@ -1,5 +1,6 @@
 """No command writes over, or deletes, what it reads: an output that is an input, or a directory that holds one,
-is one `error:` line naming both, before anything is written (mt.data.lines.check_not_input). End to end, per command."""
+is one `error:` line naming both, before anything is written (mt.data.lines.check_not_input). End to end, per
+command."""
 
 from pathlib import Path
 

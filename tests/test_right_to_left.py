@@ -89,14 +89,15 @@ def test_reranking_without_its_scores_keeps_the_beams_choice(trained, prepared, 
     train(small_config(prepared, max_steps=80, valid_every=80), tmp_path / "l2r", progress=False)
     decode = checkpoint.load(tmp_path / "l2r" / "last.pt")["config"]["decode"]
     out = tmp_path / "chosen.txt"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rerank_valid.py"), str(tmp_path / "l2r" / "last.pt"),
-                             str(trained), "--beams", str(decode["beam"]), "--weights", "0,1",
-                             "--penalties", str(decode["len_penalty"]), "--out", str(out)],
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rerank_valid.py"),
+                             str(tmp_path / "l2r" / "last.pt"), str(trained), "--beams", str(decode["beam"]),
+                             "--weights", "0,1", "--penalties", str(decode["len_penalty"]), "--out", str(out)],
                             capture_output=True, text=True, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     tuned = float(re.search(r"tuned \(.*\): ([\d.]+)", result.stdout).group(1))
     assert float(re.search(r"'w 0 a [\d.]+': ([\d.]+)", result.stdout).group(1)) == tuned
-    assert len(out.read_text(encoding="utf-8").splitlines()) == len((prepared / "valid.src.txt").read_text().splitlines())
+    assert (len(out.read_text(encoding="utf-8").splitlines())
+            == len((prepared / "valid.src.txt").read_text().splitlines()))
 
 
 def test_served_it_translates_as_mt_translate_does_and_refuses_alignments(trained, prepared, tmp_path):  # noqa: F811

@@ -212,7 +212,8 @@ def find_source(spec: str, src: str, tgt: str, split: str) -> Source:
     """Resolve a user's corpus spec for one split; fails now, not mid-read, when a file is missing.
 
     `spec` is `hf:NAME[:CONFIG[:SPLIT]]`, a `.tsv`/`.jsonl`/`.csv` file (optionally `.gz`), a `.parquet` file,
-    or else a path prefix to which `.{src}` and `.{tgt}` are appended. `split` (train/valid/test) only matters for `hf:` specs.
+    or else a path prefix to which `.{src}` and `.{tgt}` are appended. `split` (train/valid/test) only matters for
+    `hf:` specs.
     """
     if split not in SPLITS:
         raise MtError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")

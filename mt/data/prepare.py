@@ -237,7 +237,8 @@ def summary(meta: dict) -> str:
     if meta["joint"]:
         vocab = f"joint {kind} vocabulary of {meta['vocab_size']:,} pieces"
     else:
-        vocab = f"separate {kind} vocabularies of {meta['src_vocab_size']:,} (src) and {meta['tgt_vocab_size']:,} (tgt) pieces"
+        vocab = (f"separate {kind} vocabularies of {meta['src_vocab_size']:,} (src) and "
+                 f"{meta['tgt_vocab_size']:,} (tgt) pieces")
     if tags := meta["tokenizer"].get("tags"):
         vocab += f", with tags {' '.join(tag(lang) for lang in tags)} for a model of both directions"
     lines = [f"{pair}: {vocab}"]
@@ -263,7 +264,8 @@ def summary(meta: dict) -> str:
     lines.append(f"  train cleaning: read {c['read']:,}, kept {c['kept']:,}, removed {removed:,} ({reasons})")
     if sampling := meta.get("subword_sampling"):
         train = meta["splits"]["train"]
-        longer = {side: sampling[f"{side}_tokens"] / (sampling["samples"] * train[f"{side}_tokens"]) - 1 for side in SIDES}
+        longer = {side: sampling[f"{side}_tokens"] / (sampling["samples"] * train[f"{side}_tokens"]) - 1
+                  for side in SIDES}
         lines.append(f"  train sampled {sampling['samples']} times more (alpha {sampling['alpha']:g}): "
                      f"{longer['src']:+.0%} src, {longer['tgt']:+.0%} tgt tokens per sentence")
     return "\n".join(lines)

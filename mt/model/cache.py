@@ -1,6 +1,6 @@
 """The decoder's KV cache: what incremental decoding carries from one step to the next, and how beam search
-reorders it. `Transformer.start_cache` makes one and `decode_step` returns it one position longer (mt/model/transformer.py);
-nothing is kept on the modules.
+reorders it. `Transformer.start_cache` makes one and `decode_step` returns it one position longer
+(mt/model/transformer.py); nothing is kept on the modules.
 """
 
 from __future__ import annotations

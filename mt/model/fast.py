@@ -1,4 +1,5 @@
-"""The fast paths: faster kernels swapped into the plain model of mt/model/transformer.py, for training and for decoding.
+"""The fast paths: faster kernels swapped into the plain model of mt/model/transformer.py,
+for training and for decoding.
 
 `for_training(model)` and `for_inference(model, precision)` each swap layers or kernels of a built model in place
 and return it; parameters and state dict stay those of the plain model, so checkpoints are the same either way.
@@ -7,10 +8,12 @@ torch.compile) and runs the plain kernel everywhere else; tests/model/test_fast.
 the plain path computes. docs/performance.md tells what each one gains.
 
 Training (`for_training`):
-- `mt.model.fast_linear.Linear`: fp32 CPU matmuls through oneDNN, which uses AVX-512 where MKL does not (non-Intel CPUs).
+- `mt.model.fast_linear.Linear`: fp32 CPU matmuls through oneDNN, which uses AVX-512 where MKL does not
+  (non-Intel CPUs).
 - `mt.model.fast_dropout.Dropout`: CPU dropout masks from 16-bit random integers, where `F.dropout` draws them slowly.
 - `cpu_training_attention`: attention in plain matmuls where PyTorch's fused CPU kernel is the slower one.
-- `mt.model.fast_loss.output_loss`: the output layer and the loss fused, a block of rows at a time, never all the logits.
+- `mt.model.fast_loss.output_loss`: the output layer and the loss fused, a block of rows at a time, never all the
+  logits.
 Decoding (`for_inference`):
 - `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches.
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
@@ -141,7 +144,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor; it still works
         # The output projection is not quantized: it decides every token, and int8 there cost the most BLEU.
         linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "output"}
-        for name in linears:  # the quantizer takes nn.Linear itself, not subclasses such as mt.model.fast_linear's Linear
+        for name in linears:  # the quantizer takes nn.Linear itself, not subclasses like mt.model.fast_linear's Linear
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, relinked(model.get_submodule(name), nn.Linear))
         return torch.ao.quantization.quantize_dynamic(model, linears, dtype=torch.qint8, inplace=True)
@@ -172,8 +175,8 @@ def set_attention(model: nn.Module, attend: Callable[..., Tensor], attend_step: 
 
 def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float = 0.0,
                      causal: bool = False) -> Tensor:
-    """`mt.model.transformer.attention` in plain matmuls, its dropout mask drawn by mt.model.fast_dropout: for the few queries of a
-    decoding step, and for CPU training where `cpu_training_attention` says so."""
+    """`mt.model.transformer.attention` in plain matmuls, its dropout mask drawn by mt.model.fast_dropout: for the few
+    queries of a decoding step, and for CPU training where `cpu_training_attention` says so."""
     if causal:
         n = q.size(-2)
         before = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()

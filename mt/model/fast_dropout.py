@@ -4,8 +4,8 @@
 training step has dozens of dropouts. PyTorch's CPU generator is serial and makes 32 random bits at a time, so
 the cheapest mask spends as few bits as it can: `keep_mask` compares 16-bit integers, four from each 64 random
 bits. `dropout` keeps the mask as a scaled float mask (one multiply forward, one backward) and is `F.dropout`
-everywhere else (GPU, `torch.compile`, which fuse it). Each element is kept with probability 1 - p (to within 1/65536) and scaled by
-1 / (1 - p), as `F.dropout` does.
+everywhere else (GPU, `torch.compile`, which fuse it). Each element is kept with probability 1 - p (to within 1/65536)
+and scaled by 1 / (1 - p), as `F.dropout` does.
 """
 
 from __future__ import annotations

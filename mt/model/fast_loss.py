@@ -2,8 +2,8 @@
 on CPU, the output layer and this loss fused, a block of rows at a time (a fast path of mt/model/fast.py).
 
 The result equals `F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=eps, reduction="sum")`
-(tests/model/test_fast_loss.py checks values and gradients). It exists for speed: with a large vocabulary the (N, V) logits
-are the biggest tensor of a training step, and PyTorch's composite version walks them about ten times
+(tests/model/test_fast_loss.py checks values and gradients). It exists for speed: with a large vocabulary the (N, V)
+logits are the biggest tensor of a training step, and PyTorch's composite version walks them about ten times
 (log-softmax, a zero-filled NLL gradient, the smoothing gradient, their sum, the log-softmax backward). Here the
 forward makes one log-softmax and the backward turns it, in place, into the gradient
 softmax(logits) - (1 - eps) * onehot(target) - eps / V, scaled per row: no other (N, V) tensor is allocated.

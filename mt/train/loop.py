@@ -1,7 +1,8 @@
 """The training loop: `train` opens the run, builds its state, loops over steps, validates and saves, and ends
 with a final validation (or `TrainInterrupted` after a signal). Beside it: mt/train/state.py (what a run holds),
-mt/train/optim.py (optimizer and schedule), mt/train/stopping.py (when a run stops), mt/train/log.py (its log), mt/train/validate.py,
-mt/checkpoint.py (`last.pt` to resume, `best.pt`) and mt/train/distributed.py (several processes, one run).
+mt/train/optim.py (optimizer and schedule), mt/train/stopping.py (when a run stops), mt/train/log.py (its log),
+mt/train/validate.py, mt/checkpoint.py (`last.pt` to resume, `best.pt`) and mt/train/distributed.py (several
+processes, one run).
 
 A step whose loss or gradients are not finite is skipped (see `train_step`): its batches are consumed, but the
 weights, the optimizer and `Position.step` stay as they were, so `max_steps` and the schedule count real updates.

@@ -335,7 +335,8 @@ def test_subword_samples_are_other_segmentations_of_the_same_training_pairs(tmp_
     again = prepare(tmp_path / "again", "de", "en", **handmade, vocab_size=120, max_pieces=limit, subword_samples=3,
                     subword_alpha=0.1, progress=False)
     assert again["subword_sampling"] == meta["subword_sampling"]
-    assert (tmp_path / "again/train-sample2.tgt.ids.npy").read_bytes() == (out / "train-sample2.tgt.ids.npy").read_bytes()
+    assert ((tmp_path / "again/train-sample2.tgt.ids.npy").read_bytes()
+            == (out / "train-sample2.tgt.ids.npy").read_bytes())
 
 
 def _sentences(out: Path, split: str, side: str) -> list[np.ndarray]:

@@ -33,7 +33,8 @@ def test_mismatched_files_are_an_error_naming_both(tmp_path):
 def test_a_hypothesis_file_is_scored_as_its_lines(tmp_path):
     (tmp_path / "h").write_bytes(b"\xef\xbb\xbfthe cat sat\r\na dog\r\n")
     (tmp_path / "r").write_text("the cat sat\na dog barks\n")
-    assert evaluate(tmp_path / "r", hyp=tmp_path / "h") == score(["the cat sat", "a dog"], ["the cat sat", "a dog barks"])
+    assert evaluate(tmp_path / "r", hyp=tmp_path / "h") == score(["the cat sat", "a dog"],
+                                                                 ["the cat sat", "a dog barks"])
 
 
 def test_give_either_a_hypothesis_file_or_a_checkpoint_with_its_source(tmp_path):

@@ -1,5 +1,5 @@
-"""Reranking (mt/decode/rerank.py): a right-to-left model, stored beside a left-to-right one by `mt ensemble` or trained as
-an ensemble run's last member (`train.rerank`), and a channel model of the reverse direction reorder the
+"""Reranking (mt/decode/rerank.py): a right-to-left model, stored beside a left-to-right one by `mt ensemble` or trained
+as an ensemble run's last member (`train.rerank`), and a channel model of the reverse direction reorder the
 left-to-right model's K best."""
 
 import json

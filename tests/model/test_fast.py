@@ -118,7 +118,8 @@ def test_the_model_for_training_computes_the_plain_models_loss_and_gradients(mon
     plain = tiny_model(norm=norm)
     # Each fast path is in place, so the two models compute through different kernels.
     assert type(fast.output) is Linear and type(fast.decoder[0].ffn.dropout) is Dropout
-    assert fast.decoder[0].cross_attn.attend is cpu_training_attention and fast.output_loss is mt.model.fast_loss.output_loss
+    assert (fast.decoder[0].cross_attn.attend is cpu_training_attention
+            and fast.output_loss is mt.model.fast_loss.output_loss)
     loss, grads = loss_and_grads(fast, dtype)
     plain_loss, plain_grads = loss_and_grads(plain, dtype)
     assert grads.keys() == plain_grads.keys()

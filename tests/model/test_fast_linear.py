@@ -24,7 +24,8 @@ def force_cpu_matmul(monkeypatch, choice: str) -> None:
     if choice == "onednn" and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN linear")
     monkeypatch.setenv("MT_CPU_MATMUL", choice)
-    monkeypatch.setattr(mt.model.fast_linear, "use_onednn", functools.cache(use_onednn.__wrapped__))  # a cache of its own
+    monkeypatch.setattr(mt.model.fast_linear, "use_onednn",
+                        functools.cache(use_onednn.__wrapped__))  # a cache of its own
     assert mt.model.fast_linear.use_onednn() == (choice == "onednn")
 
 

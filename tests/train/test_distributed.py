@@ -96,8 +96,8 @@ def test_the_model_is_wrapped_without_syncing_buffers_in_any_torch(monkeypatch, 
 
 # ---------------------------------------------------------------------------------------------- two processes
 
-# Runs `mt.train.loop.train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only shows
-# rank 0's. The recorded model is the one the training step was given (the DDP wrapper).
+# Runs `mt.train.loop.train` as torchrun's worker, then saves the weights this rank ended with: the checkpoint only
+# shows rank 0's. The recorded model is the one the training step was given (the DDP wrapper).
 RUNNER = """
 import os, sys, torch
 import mt.train.loop

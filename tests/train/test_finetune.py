@@ -93,7 +93,8 @@ def test_a_fine_tuned_run_resumes_as_any_run_and_remembers_where_it_started(sour
     assert last["step"] == 40 and last["init"]["from"] == str(source)
     assert describe(run / "last.pt")["initialized_from"] == last["init"]
     info = CliRunner().invoke(app, ["info", str(run / "best.pt")])
-    assert re.search(rf"^init +{re.escape(str(source))} \(step \d+; fine-tuned from it\)$", info.output, re.M), info.output
+    assert re.search(rf"^init +{re.escape(str(source))} \(step \d+; fine-tuned from it\)$",
+                     info.output, re.M), info.output
 
 
 def test_dropout_may_change_but_the_architecture_may_not(source, new_data, tmp_path):
