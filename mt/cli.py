@@ -22,7 +22,7 @@ from mt.cli_bench import bench_app
 from mt.errors import MtError
 from mt.options import DEVICE, SERVE, TranslateRequest
 
-PREPARE = mt.data.prepare.Options()
+PREPARE = mt.data.prepare.PrepareOptions()
 
 
 def fail(message: str, code: int = 2) -> None:

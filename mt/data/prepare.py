@@ -42,7 +42,7 @@ CHUNK_LINES = 10_000
 
 
 @dataclass(frozen=True)
-class Options:
+class PrepareOptions:
     """How `prepare` cleans the training pairs and builds the vocabulary; its defaults are `mt prepare`'s."""
 
     vocab_size: int = 8000
@@ -85,12 +85,13 @@ class Options:
 def prepare(
     out_dir: Path, src: str, tgt: str, corpus: str | None = None, train: str | None = None,
     valid: str | None = None, test: str | None = None, mirror: Path | None = None,
-    vocab_size: int = Options.vocab_size, joint: bool = Options.joint, model_type: str = Options.model_type,
-    max_words: int = Options.max_words, max_ratio: float = Options.max_ratio,
-    max_pieces: int = Options.max_pieces, dedup: bool = Options.dedup, spm_sentences: int = Options.spm_sentences,
-    encoding_errors: str = Options.encoding_errors, subword_samples: int = Options.subword_samples,
-    subword_alpha: float = Options.subword_alpha, tokenizer: str | Path | None = None,
-    two_way: bool = Options.two_way, progress: bool = True,
+    vocab_size: int = PrepareOptions.vocab_size, joint: bool = PrepareOptions.joint,
+    model_type: str = PrepareOptions.model_type, max_words: int = PrepareOptions.max_words,
+    max_ratio: float = PrepareOptions.max_ratio, max_pieces: int = PrepareOptions.max_pieces,
+    dedup: bool = PrepareOptions.dedup, spm_sentences: int = PrepareOptions.spm_sentences,
+    encoding_errors: str = PrepareOptions.encoding_errors, subword_samples: int = PrepareOptions.subword_samples,
+    subword_alpha: float = PrepareOptions.subword_alpha, tokenizer: str | Path | None = None,
+    two_way: bool = PrepareOptions.two_way, progress: bool = True,
 ) -> dict:
     """Prepare `out_dir` for training `src` -> `tgt` and return the meta dict written to its meta.json.
 
@@ -104,7 +105,7 @@ def prepare(
     a trained model can go on training on this data; meta.json records where it came from and its sha256.
     `two_way` adds a tag for each language to the vocabulary (`mt.data.tokenizer.tag`), for `train.two_way`.
     """
-    options = Options(vocab_size=vocab_size, joint=joint, model_type=model_type, spm_sentences=spm_sentences,
+    options = PrepareOptions(vocab_size=vocab_size, joint=joint, model_type=model_type, spm_sentences=spm_sentences,
                       max_words=max_words, max_ratio=max_ratio, max_pieces=max_pieces, dedup=dedup,
                       encoding_errors=encoding_errors, subword_samples=subword_samples, subword_alpha=subword_alpha,
                       tokenizer=str(tokenizer) if tokenizer is not None else None, two_way=two_way)
@@ -158,7 +159,7 @@ def resolve_sources(src: str, tgt: str, corpus: str | None, train: str | None, v
     return sources
 
 
-def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
+def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: PrepareOptions,
            progress: bool) -> dict:
     """Write the whole prepared directory into `tmp`: text, SentencePiece, ids, meta.json; returns the meta."""
     # valid/test first: they are small, so their errors show up before the long train read.
@@ -192,7 +193,7 @@ def _build(tmp: Path, src: str, tgt: str, corpus: str | None, sources: dict[str,
     return meta
 
 
-def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: Options,
+def _meta(src: str, tgt: str, corpus: str | None, sources: dict[str, Source], options: PrepareOptions,
           tokenizers: dict[str, Tokenizer], model_files: dict[str, str], splits: dict, samples: dict | None,
           counts: CleanCounts, tags: dict[str, int]) -> dict:
     """meta.json: what was read, what was removed and why, the vocabulary, per-split sizes."""
@@ -314,7 +315,7 @@ def _write_text(pairs: Iterable[tuple[str, str]], directory: Path, split: str) -
     return n
 
 
-def _vocabulary(directory: Path, options: Options, symbols: list[str]) -> dict[str, str]:
+def _vocabulary(directory: Path, options: PrepareOptions, symbols: list[str]) -> dict[str, str]:
     """The SentencePiece model file of each side in `directory`: copied from `options.tokenizer`, or trained on
     the cleaned training text (with a warning when the text cannot fill the vocabulary asked for)."""
     if options.tokenizer is not None:

@@ -42,9 +42,9 @@ class EnsembleCache:
 
 
 class Ensemble(nn.Module):
-    """The decoding interface of `mt.model.transformer.Transformer` (encode, start_cache, decode_step, and the teacher-forced
-    forward that `mt score` uses) over several of them; it returns log-probabilities where they return logits,
-    which searching and scoring normalize again to the same values."""
+    """The decoding interface of `mt.model.transformer.Transformer` (encode, start_cache, decode_step, and the
+    teacher-forced forward that `mt score` uses) over several of them; it returns log-probabilities where they
+    return logits, which searching and scoring normalize again to the same values."""
 
     def __init__(self, members: list[nn.Module]):
         super().__init__()

@@ -85,8 +85,8 @@ class Explained(NamedTuple):
 
 
 class Reranked(nn.Module):
-    """The decoding interface of `mt.model.transformer.Transformer`, served by the left-to-right model `left`; `right`, a
-    right-to-left model of the same vocabulary, and `channel`, a model of the reverse direction, are there to
+    """The decoding interface of `mt.model.transformer.Transformer`, served by the left-to-right model `left`;
+    `right`, a right-to-left model of the same vocabulary, and `channel`, a model of the reverse direction, are there to
     `rerank` what searching `left` finds (either may be None)."""
 
     def __init__(self, left: nn.Module, right: nn.Module | None = None, channel: Channel | None = None):

@@ -3,9 +3,9 @@
 The length penalty that suits a model depends on how it was trained (an undertrained model stops early and
 likes a high penalty), so it is chosen per model on the validation set, never on the test set. The winner is
 written into the checkpoint's `decode` config: `mt translate` and `mt evaluate` then use it without flags. A
-checkpoint with a right-to-left reranker or a channel model (mt/decode/rerank.py) has their weights chosen too, for every
-beam above 1; a plain one, whether its beam search stops at its best finished hypothesis or finishes `beam` of them
-(`decode.finish_all`; a reranked one always finishes them, its K best).
+checkpoint with a right-to-left reranker or a channel model (mt/decode/rerank.py) has their weights chosen too, for
+every beam above 1; a plain one, whether its beam search stops at its best finished hypothesis or finishes `beam`
+of them (`decode.finish_all`; a reranked one always finishes them, its K best).
 """
 
 from __future__ import annotations

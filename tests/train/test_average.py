@@ -45,7 +45,8 @@ def test_several_counts_keep_the_average_with_the_best_valid_bleu(run, prepared,
     chosen = load_model(tmp_path / "avg.pt")
     assert chosen.state["metrics"]["average_choice"] == results
     sources, refs = read_text(prepared / "valid.src.txt"), read_text(prepared / "valid.tgt.txt")
-    hyps = translate_lines(chosen, sources, SearchOptions.from_config(chosen.config.decode, beam=1), torch.device("cpu"))
+    opts = SearchOptions.from_config(chosen.config.decode, beam=1)
+    hyps = translate_lines(chosen, sources, opts, torch.device("cpu"))
     texts = chosen.tgt_tok.decode([h[0].tokens for h in hyps])
     assert round(sacrebleu.corpus_bleu(texts, [refs]).score, 2) == results[0]["valid_bleu"]
 
