@@ -292,6 +292,12 @@ def target_tokens(tgt_lens: np.ndarray, indices: np.ndarray, max_len: int) -> in
     return int(np.minimum(tgt_lens[indices], max_len - 1).sum()) + len(indices)
 
 
+def epoch_tokens(splits: list[Split | BothWays], max_len: int) -> int:
+    """The target tokens of an epoch (of the first of `splits`, as `target_tokens` counts them)."""
+    tgt_lens = splits[0].tgt_lens
+    return target_tokens(tgt_lens, np.arange(len(tgt_lens)), max_len)
+
+
 def pinned(step: StepBatches) -> StepBatches:
     """The step's batches in pinned host memory, from which the copy to the GPU runs asynchronously."""
     batches = [Batch(b.src.pin_memory(), b.tgt_in.pin_memory(), b.tgt_out.pin_memory(), b.n_tgt_tokens)

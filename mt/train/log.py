@@ -93,6 +93,36 @@ class Interval:
         return report
 
 
+@dataclass
+class Pace:
+    """Says once, at the second log line (the first carries the start-up), how many steps a minute this machine
+    trains and what the run's budget buys at that pace: a slower machine learns it before it spends the hour."""
+
+    max_minutes: float
+    max_steps: int
+    epoch_tokens: int  # target tokens in one epoch of the training data
+    first: tuple[int, float] | None = None  # (step, elapsed seconds) at the first log line
+    said: bool = False
+
+    def seen(self, step: int, elapsed: float, tok_per_s: float) -> str | None:
+        """The note to print at this log line, if it is the one; else None."""
+        if self.said or self.first is None:
+            self.first = self.first or (step, elapsed)
+            return None
+        self.said = True
+        steps, seconds = step - self.first[0], elapsed - self.first[1]
+        if steps <= 0 or seconds <= 0:
+            return None
+        per_minute, tokens_per_step = 60 * steps / seconds, tok_per_s * seconds / steps
+        head = f"this machine trains {per_minute:,.0f} steps a minute ({tok_per_s:,.0f} target tokens/s)"
+        if self.max_minutes:
+            total = min(self.max_steps, step + per_minute * max(self.max_minutes - elapsed / 60, 0))
+            epochs = total * tokens_per_step / max(self.epoch_tokens, 1)
+            return f"{head}: train.max_minutes={self.max_minutes:g} buys about {total:,.0f} steps, {epochs:.1f} epochs"
+        minutes = elapsed / 60 + (self.max_steps - step) / per_minute
+        return f"{head}: train.max_steps={self.max_steps:,} takes about {minutes:,.0f} minutes here"
+
+
 def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:
     """The records of a `log.jsonl`, sorted by step. Malformed lines (a run killed mid-write) are skipped.
 

@@ -24,6 +24,7 @@ from mt.config import Config, from_dict, to_dict, validate
 from mt.data.batches import (
     Batch,
     Prefetch,
+    epoch_tokens,
     fit_vocab,
     load_tokenizers,
     pinned,
@@ -40,7 +41,7 @@ from mt.model.transformer import Transformer, count_parameters
 from mt.runlock import lock_run, unlock_run
 from mt.train import distributed
 from mt.train.finetune import NOT_WITH_RESUME, load_init
-from mt.train.log import Interval, RunLog
+from mt.train.log import Interval, Pace, RunLog
 from mt.train.members import member_dirs, train_members
 from mt.train.optim import adam, step_rate
 from mt.train.resume import check_same_vocabulary, restore_rng, rng_state
@@ -191,6 +192,7 @@ def loop(run: Run, state: TrainState) -> dict:
     signals = StopSignals()
     bar = run.log.progress_bar(train_cfg.max_steps, pos.step)
     interval = Interval(torch.zeros((), device=device))
+    pace = Pace(train_cfg.max_minutes, train_cfg.max_steps, epoch_tokens(run.train_data, run.cfg.model.max_len))
     bad_steps = 0  # skipped steps in a row
     state.started = time.time()
     try:
@@ -219,7 +221,10 @@ def loop(run: Run, state: TrainState) -> dict:
             stop = agree(Stop.SIGNAL if signals.received else
                          Stop.FINISH if run.main and out_of_time(train_cfg, state.elapsed()) else Stop.NO)
             if applied and pos.step % train_cfg.log_every == 0:
-                run.log.log_progress(interval.report(pos.step, pos.epoch, state.optimizer), bar)
+                report = interval.report(pos.step, pos.epoch, state.optimizer)
+                run.log.log_progress(report, bar)
+                if note := pace.seen(pos.step, state.elapsed(), report["tgt_tok_per_s"]):
+                    run.log.say(f"note: {note}")
             if applied and pos.step % train_cfg.valid_every == 0:
                 validate_and_save(run, state)
                 state.wrapped.train()

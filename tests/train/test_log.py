@@ -1,0 +1,32 @@
+import re
+
+from mt.train.log import Pace
+from mt.train.loop import train
+
+from .test_loop import prepared, small_config  # noqa: F401  (prepared is a fixture)
+
+
+def test_the_pace_is_said_once_at_the_second_log_line_with_what_the_time_budget_buys():
+    pace = Pace(max_minutes=10, max_steps=100_000, epoch_tokens=60_000)
+    assert pace.seen(25, 10.0, 900.0) is None  # the first line carries the start-up: not a pace
+    note = pace.seen(50, 20.0, 1_000.0)  # 25 steps in 10 s: 150 a minute, 400 target tokens a step
+    assert note == ("this machine trains 150 steps a minute (1,000 target tokens/s): train.max_minutes=10 buys "
+                    "about 1,500 steps, 10.0 epochs")
+    assert pace.seen(75, 30.0, 1_000.0) is None  # said once
+
+
+def test_a_step_budget_is_told_in_minutes_and_a_time_budget_never_promises_past_max_steps():
+    steps = Pace(max_minutes=0, max_steps=3_000, epoch_tokens=1)
+    steps.seen(10, 6.0, 500.0)
+    assert steps.seen(20, 12.0, 500.0).endswith("train.max_steps=3,000 takes about 30 minutes here")
+    capped = Pace(max_minutes=60, max_steps=400, epoch_tokens=4_000)
+    capped.seen(10, 1.0, 500.0)
+    assert "buys about 400 steps" in capped.seen(20, 2.0, 500.0)
+
+
+def test_a_run_with_a_time_budget_says_its_pace_once_unless_quiet(prepared, tmp_path, capsys):  # noqa: F811
+    train(small_config(prepared, max_steps=20, max_minutes=30, log_every=5), tmp_path / "run", progress=True)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "steps a minute" in line]
+    assert len(notes) == 1 and re.fullmatch(r"note: this machine trains [\d,]+ steps a minute \([\d,]+ target "
+                                            r"tokens/s\): train.max_minutes=30 buys about 20 steps, [\d.]+ epochs",
+                                            notes[0]), notes
