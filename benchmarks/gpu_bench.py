@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -445,8 +446,12 @@ def timed_median(run: Callable[[], list], runs: int, device: torch.device) -> tu
     returned."""
     from mt.bench import timed
 
-    returned: list = []
-    median = statistics.median(timed(lambda: returned.__setitem__(slice(None), [run()]), runs, device))
+    returned: list = [None]
+
+    def call() -> None:
+        returned[0] = run()
+
+    median = statistics.median(timed(call, runs, device))
     return median, returned[0]
 
 
@@ -700,9 +705,7 @@ class Runner:
             err.seek(0)
             tail = err.read()[-2000:]
         record |= {"exit_code": code, "seconds": round(time.perf_counter() - started, 1),
-                   "ok": code == 0 and not record.get("timed_out")}
-        if not record["ok"]:
-            record["stderr_tail"] = tail
+                   "ok": code == 0 and not record.get("timed_out"), "stderr_tail": tail}  # its warnings too
         return record
 
     def read(self, stdout) -> None:
@@ -732,8 +735,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: the same parts with the tiny preset, to test this script without a GPU")
-    parser.add_argument("--budget", type=float, help=f"seconds for everything; the work scales down below "
-                        f"{BUDGET:.0f} [default: {BUDGET:.0f}; {BUDGET / 2:.0f} with --quick]")
+    parser.add_argument("--budget", type=float, default=BUDGET, help="seconds for everything; below "
+                        f"{BUDGET:.0f} the work scales down with it [default: %(default)s]")
     parser.add_argument("--quick", action="store_true", help="half the batches, runs and epochs: a first look")
     parser.add_argument("--data", type=Path, help="a prepared Multi30k de→en [default: prepared here]")
     parser.add_argument("--mirror", type=Path, help="directory holding multi30k/*.gz [default: $MT_MIRROR]")
@@ -756,14 +759,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"gpu_bench": "skipped", "reason": "no CUDA device (torch.cuda.is_available() is False); "
                           "nothing was run", "python": platform.python_version(), "torch": torch.__version__}))
         return 0
-    budget = args.budget or (BUDGET / 2 if args.quick else BUDGET)
-    plan = make_plan(args.device, args.quick, budget)
+    plan = make_plan(args.device, args.quick, args.budget)
     work = (args.work or Path(tempfile.mkdtemp(prefix="gpu-bench-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    runner = Runner(plan, work, budget, args.mirror.resolve() if args.mirror else None)
+    runner = Runner(plan, work, args.budget, args.mirror.resolve() if args.mirror else None)
     started = time.perf_counter()
     report = {"gpu_bench": "running", "device": plan.device, "environment": environment(), "plan": asdict(plan),
-              "budget_s": budget}
+              "budget_s": args.budget}
 
     def write(status: str) -> None:
         report.update(gpu_bench=status, parts=runner.parts, summary=summary(runner.records), records=runner.records,
@@ -778,8 +780,6 @@ def main(argv: list[str] | None = None) -> int:
             write("running")
     finally:
         if args.work is None:
-            import shutil
-
             shutil.rmtree(work, ignore_errors=True)
     failed = [p["name"] for p in runner.parts if p.get("ok") is False]
     write("fail" if failed else "pass")

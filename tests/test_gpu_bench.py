@@ -2,6 +2,7 @@
 first epoch is weighed against its later ones, a part past its time is stopped with what it printed kept, nothing
 runs without CUDA, and on a CPU, with the tiny preset, every part runs end to end into one well-formed report."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from .conftest import prepare_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_bench.py"
@@ -63,6 +66,31 @@ def test_a_part_past_its_time_is_stopped_with_its_children_and_what_it_printed_i
     failed = runner.run("decode", [sys.executable, "-c", "import sys; sys.exit('no transformers here')"], seconds=30)
     assert failed["ok"] is False and failed["exit_code"] == 1 and "no transformers here" in failed["stderr_tail"]
     assert [p["name"] for p in runner.parts] == ["shapes", "decode"]
+
+
+def test_where_mt_restricts_attentions_kernels_marian_trains_both_ways_and_mt_is_compared_with_each(
+        tmp_path, monkeypatch, capsys):
+    """The branch of the throughput part that only a GPU takes (on a CPU mt's steps leave attention to PyTorch),
+    taken on a CPU by restricting the kernels here too; in this process, on a tiny corpus, without compiling."""
+    pytest.importorskip("transformers")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import mt.device
+
+    kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    monkeypatch.setattr(mt.device, "attention_backends", lambda device: kernels)
+    monkeypatch.setattr(mt.device, "attention_kernels", lambda device: sdpa_kernel(kernels))
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # where the part finds compare_train's Marian
+    plan = dataclasses.replace(gpu_bench.make_plan("cpu", True, 60), compile_passes=0)
+    gpu_bench.part_throughput(gpu_bench.Part("throughput", plan, prepare_corpus(tmp_path), tmp_path, None, 600))
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    systems = {r["system"]: r for r in records if r["what"] == "throughput"}
+    assert list(systems) == ["mt", "marian", "marian_mt_kernels"]
+    assert systems["marian"]["attention"] == "PyTorch's choice"
+    assert systems["marian_mt_kernels"]["attention"] == ["FLASH_ATTENTION", "MATH"] == systems["mt"]["attention"]
+    (ratio,) = [r for r in records if r["what"] == "throughput ratio"]
+    assert ratio["mt_over_best_marian"] == min(ratio["mt_over_marian"], ratio["mt_over_marian_mt_kernels"]) > 0
+    assert not [r for r in records if r["what"].startswith("compiled")]  # compile_passes=0
 
 
 def test_without_cuda_it_says_so_in_one_line_runs_nothing_and_exits_0(tmp_path, monkeypatch, capsys):
