@@ -8,7 +8,7 @@ export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 DATA   := data/prepared/multi30k_de_en
 RUN    := runs/demo
 
-.PHONY: install test browser-test demo recipe bench bench-compare gpu-check lint clean
+.PHONY: install test browser-test demo recipe bench bench-compare gpu-check gpu-bench lint clean
 
 install: $(VENV)/.installed
 
@@ -112,6 +112,14 @@ bench: install
 # Multi30k from MT_MIRROR=DIR (holding multi30k/*.gz); GPU_CHECK=--quick for a shorter run. Without CUDA it says so.
 gpu-check:
 	@PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK)
+
+# mt against Hugging Face's MarianMTModel on this machine's GPU, side by side (benchmarks/gpu_bench.py): shapes,
+# training throughput and compile, decoding, in about 8 minutes; a JSON line per result and one report in
+# GPU_BENCH_OUT. As gpu-check: the Python and torch found here, nothing installed, Multi30k from MT_MIRROR.
+# GPU_BENCH passes options: --quick, --budget SECONDS, --checkpoint C, --data DIR.
+GPU_BENCH_OUT ?= runs/gpu-bench.json
+gpu-bench:
+	@PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_bench.py --out $(GPU_BENCH_OUT) $(GPU_BENCH)
 
 # mt against Hugging Face and CTranslate2, side by side: translation (generate; CTranslate2 float32 and int8) and
 # training (MarianMTModel) per preset, one JSON line per system (installs the optional extra where it is missing).

@@ -3,6 +3,7 @@
 Both train on the same fixed-shape batches (random ids, `--batch` pairs of `--src-len` + `--tgt-len` tokens,
 dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward, optimizer step. Steps alternate between
 the two systems so machine noise hits both alike; the medians are compared. Needs `pip install -e '.[bench]'`.
+`marian` and `marian_step` are also the Marian side of benchmarks/gpu_bench.py.
 
     python benchmarks/compare_train.py --preset small --precision fp32
 
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from mt.bench import PRESETS, VOCAB
 from mt.config import Config, ModelConfig
 from mt.data.batches import Batch
-from mt.data.tokenizer import EOS
+from mt.data.tokenizer import EOS, PAD
 from mt.memory import keep_freed_memory
 from mt.model.transformer import Transformer
 from mt.train.loop import train_step
@@ -41,6 +42,22 @@ def marian(preset: str):
         dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, eos_token_id=EOS,
         decoder_start_token_id=0, share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
     return MarianMTModel(config).train()
+
+
+def marian_step(hf, optimizer: torch.optim.Optimizer, batch: Batch, amp: torch.dtype | None) -> None:
+    """One training step of Hugging Face's model as its users write it: forward under autocast, label-smoothed loss
+    per target token, backward, clipping to norm 1, Adam. Padded sources are masked; targets are right-padded, so
+    the causal mask alone keeps real positions from seeing padding (as in mt), and no decoder mask is passed."""
+    device = batch.src.device
+    with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
+        logits = hf(input_ids=batch.src, attention_mask=(batch.src != PAD).long(),
+                    decoder_input_ids=batch.tgt_in).logits
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), batch.tgt_out.reshape(-1), label_smoothing=0.1,
+                           ignore_index=PAD, reduction="sum") / batch.n_tgt_tokens
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def main() -> None:
@@ -77,15 +94,7 @@ def main() -> None:
         train_step(ours, ours_opt, scaler, [batch], cfg, torch.device("cpu"), amp, 1e-4)
 
     def step_hf() -> None:
-        with torch.autocast("cpu", dtype=amp) if amp else nullcontext():
-            logits = hf(input_ids=batch.src, attention_mask=torch.ones_like(batch.src),
-                        decoder_input_ids=batch.tgt_in).logits
-        loss = F.cross_entropy(logits.float().view(-1, VOCAB), batch.tgt_out.reshape(-1), label_smoothing=0.1,
-                               ignore_index=0, reduction="sum") / batch.n_tgt_tokens
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
-        hf_opt.step()
-        hf_opt.zero_grad(set_to_none=True)
+        marian_step(hf, hf_opt, batch, amp)
 
     times = {"mt": [], "hf": []}
     for i in range(args.steps + 2):  # two warm-up steps each

@@ -41,11 +41,9 @@ def timed(run, runs: int) -> float:
 HF_EOS, HF_PAD = 1, VOCAB  # Marian's layout: <pad> is the last token, which CTranslate2 drops when converting
 
 
-def marian_model(preset: str, model_dir: Path):
-    """A random-weight MarianMTModel of the preset's architecture, saved with the vocabulary files CTranslate2's
-    converter reads. Its vocabulary is VOCAB tokens plus Marian's trailing <pad>, so after conversion CTranslate2
-    has exactly VOCAB output classes, as mt has."""
-    import sentencepiece as spm
+def marian_generator(preset: str):
+    """A random-weight MarianMTModel of the preset's architecture, in eval mode. Its vocabulary is VOCAB tokens plus
+    Marian's trailing <pad> (HF_PAD; HF_EOS ends a source); benchmarks/gpu_bench.py decodes with it too."""
     from transformers import MarianConfig, MarianMTModel
 
     p = PRESETS[preset]
@@ -56,7 +54,15 @@ def marian_model(preset: str, model_dir: Path):
         pad_token_id=HF_PAD, eos_token_id=HF_EOS, decoder_start_token_id=HF_PAD, forced_eos_token_id=None,
         share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
     torch.manual_seed(0)
-    model = MarianMTModel(config).eval()
+    return MarianMTModel(config).eval()
+
+
+def marian_model(preset: str, model_dir: Path):
+    """`marian_generator`'s model, saved with the vocabulary files CTranslate2's converter reads: after conversion
+    CTranslate2 has exactly VOCAB output classes, as mt has."""
+    import sentencepiece as spm
+
+    model = marian_generator(preset)
     model.save_pretrained(model_dir)
     tokens = ["<unk>", "</s>"] + [f"w{i}" for i in range(2, VOCAB)] + ["<pad>"]
     (model_dir / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}), encoding="utf-8")

@@ -58,6 +58,13 @@ def test_gpu_check_runs_the_python_it_is_given_with_the_repo_on_its_path_and_ins
 
 
 @needs_make
+def test_gpu_bench_runs_the_python_it_is_given_with_the_repo_on_its_path_and_writes_its_report_where_asked():
+    commands = dry_run("gpu-bench", "PYTHON=/opt/torch/bin/python3", "GPU_BENCH=--quick", "GPU_BENCH_OUT=/out/r.json")
+    assert commands == [f"PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} /opt/torch/bin/python3 "
+                        "benchmarks/gpu_bench.py --out /out/r.json --quick"]
+
+
+@needs_make
 def test_gpu_check_without_cuda_says_so_and_succeeds():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")} | {"CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={sys.executable}"], cwd=ROOT, env=env,
