@@ -5,9 +5,10 @@ report, `translate_lines` for tune and bench; training's validation searches wit
 `translate_ids`). Input is read and translated `CHUNK_LINES` lines at a time, so memory stays bounded on endless
 input. Exactly one output line per input line: an empty or blank input line gives an empty output line, a line
 longer than the model allows is cut (with a warning on stderr), and control characters pass to SentencePiece,
-which maps what it does not know to <unk>. With a --format, the input is a document, read whole: cut into sentences
-by mt/decode/documents.py, translated by the same path (`translate_documents`), put back together. The attention option of the same stream decodes each chunk's best
-translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py).
+which maps what it does not know to <unk>. The attention option of the same stream decodes each chunk's best
+translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py). With --format,
+the input is a document, read whole: cut into sentences by mt/decode/documents.py, translated together by the
+same path (`translate_documents`), and put back together.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients work unchanged; mt's own
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
-`GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` text, html, and
-srt in mt's own), cut into sentences and put back together by mt/decode/documents.py. Concurrent requests are batched together by mt/serve/batcher.py. Limits
-(characters per line, lines per request, queue room, a timeout per request) answer with a status and
-`{"error": ...}`, never by falling over: mt/serve/checks.py judges each request before it is queued,
-mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too slow to send their
-requests. No endpoint reads a path a request names.
+`GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` html, and text
+and srt in mt's own), cut into sentences and put back together by mt/decode/documents.py. Concurrent requests are
+batched together by mt/serve/batcher.py. Limits (characters per line, lines per request, queue room, a timeout per
+request) answer with a status and `{"error": ...}`, never by falling over: mt/serve/checks.py judges each request
+before it is queued, mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too
+slow to send their requests. No endpoint reads a path a request names.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ async def translate_documents(app: FastAPI, request: Request, served: Served, te
         todo = await asyncio.to_thread(cut)
     except MtError as error:  # a broken subtitle, HTML that html.parser cannot read
         raise ApiError(400, str(error)) from None
-    results = await translate(app, request, served, todo.parts, settings, endpoint)
+    results = await translate(app, request, served, todo.parts, settings, endpoint) if todo.parts else []
     return finish(todo, [render(served, hyps, 1, False)["text"] for hyps in results])
 
 

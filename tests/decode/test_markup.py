@@ -91,7 +91,8 @@ def inline_markup(draw, depth=0):
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["words", "words", "end", "tag", "img"] if depth < 2 else ["words", "end"]))
         if kind == "words":
-            out.append(" ".join(draw(st.lists(WORD, min_size=1, max_size=4))).replace("&", "&amp;").replace("<", "&lt;"))
+            text = " ".join(draw(st.lists(WORD, min_size=1, max_size=4)))
+            out.append(text.replace("&", "&amp;").replace("<", "&lt;"))
         elif kind == "end":
             out.append(draw(st.sampled_from([". ", "! ", "? "])))
         elif kind == "img":
