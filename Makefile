@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,export,serve]'
+	$(BIN)/pip install --quiet -e '.[dev,export,serve,documents]'
 	touch $@
 
 # The suite, a worker per core; then, on a CPU with AVX-512, the tests whose numbers hang on the CPU's kernels

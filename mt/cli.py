@@ -194,8 +194,14 @@ def translate(
                        typer.Option("--compile", help="Compile the decoding step (torch.compile) at load, about a "
                                                       "minute on 2 cores: then faster on small batches, a third less "
                                                       "time for a lone sentence on CPU.")] = TranslateRequest.compile,
+    format: Annotated[Literal["lines", "text", "html", "srt"],
+                      typer.Option("--format", help="lines: one sentence a line. A document, read whole, cut into "
+                                                    "sentences (the documents extra) and written back translated: "
+                                                    "text (paragraphs between blank lines), html (tags kept), srt "
+                                                    "(SubRip subtitles, timings kept).")] = TranslateRequest.format,
 ) -> None:
-    """Translate lines from stdin or a file: one output line per input line, in order.
+    """Translate lines from stdin or a file: one output line per input line, in order; or, with --format, a
+    document: paragraphs, HTML or subtitles.
 
     With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
     Ctrl-D to quit.
@@ -205,7 +211,7 @@ def translate(
     run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                          batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
                          encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                         head=head, engine=engine, to=to, compile=compile))
+                         head=head, engine=engine, to=to, compile=compile, format=format))
 
 
 @app.command()

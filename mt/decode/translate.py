@@ -6,7 +6,9 @@ report, `translate_lines` for tune and bench; training's validation searches wit
 input. Exactly one output line per input line: an empty or blank input line gives an empty output line, a line
 longer than the model allows is cut (with a warning on stderr), and control characters pass to SentencePiece,
 which maps what it does not know to <unk>. The attention option of the same stream decodes each chunk's best
-translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py).
+translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py). With --format,
+the input is a document, read whole: cut into sentences by mt/decode/documents.py, translated together by the
+same path (`translate_documents`), and put back together.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mt.data.lines import (
 from mt.decode.alignments import alignments, heatmap, pair_attention, pharaoh, to_pieces
 from mt.decode.ctranslate2 import is_export
 from mt.decode.ctranslate2 import load as load_exported
+from mt.decode.documents import Document, Plan, finish, plan, read_document, splitter
 from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
@@ -70,6 +73,12 @@ def run(request: TranslateRequest) -> None:
     one line at a time, until Ctrl-D or Ctrl-C.
     """
     loaded, opts, device = load(request)
+    if request.format != "lines":
+        lines = list(read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True))
+        [text] = translate_documents(loaded, [read_document(request.format, lines, str(request.input or "stdin"))],
+                                     opts, device)
+        write_output([Translated(text.split("\n") if lines else [])], request.output, None, sys.stdout)
+        return
     attention = attention_option(request, loaded, opts.nbest)
     if request.input is None and request.output is None and attention is None and sys.stdin.isatty():
         interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors)
@@ -85,6 +94,11 @@ def load(request: TranslateRequest) -> tuple[Loaded, SearchOptions, torch.device
     check_streams(request)
     if request.precision not in PRECISIONS:
         raise MtError(f"--precision {request.precision}: must be one of {', '.join(PRECISIONS)}")
+    if request.format != "lines":
+        splitter()  # installed, or say how, before the model loads
+        if request.nbest > 1 or request.attention is not None or request.alignments is not None:
+            raise MtError(f"--format {request.format} writes the document back translated; --nbest, --attention and "
+                          "--alignments go with line-by-line input: drop --format for them")
     if request.threads:
         torch.set_num_threads(request.threads)
     device = pick_device(request.device)
@@ -246,11 +260,32 @@ def translate_lines(loaded: Loaded, lines: list[str], opts: SearchOptions, devic
     return search_lines(loaded.model, encode_lines(loaded, lines, 0, warn), opts, device)
 
 
+def translate_documents(loaded: Loaded, documents: list[Document], opts: SearchOptions, device: torch.device
+                        ) -> list[str]:
+    """Each document translated: its sentences all searched together, each put back in its place."""
+    todo = plan_documents(loaded, documents)
+    results = translate_lines(loaded, todo.parts, opts, device)
+    return finish(todo, [render(loaded, i, hyps, 1)[0] for i, hyps in enumerate(results)])
+
+
+def plan_documents(loaded: Loaded, documents: list[Document]) -> Plan:
+    """The sentences of `documents` to translate (mt/decode/documents.py), cut by the rules of the model's source
+    language to what it takes whole."""
+    langs = loaded.state.get("langs") or (loaded.state.get("export") or {}).get("langs") or {}
+    return plan(documents, langs.get("src") or "en", lambda texts: [len(ids) for ids in loaded.src_tok.encode(texts)],
+                source_limit(loaded))
+
+
+def source_limit(loaded: Loaded) -> int:
+    """The most source pieces the model takes in a line: room is left for EOS and a two-way model's tag."""
+    return loaded.model.cfg.max_len - 1 - len(loaded.lead)
+
+
 def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
                  warn: TextIO | None = None) -> list[list[int] | None]:
     """The source pieces of each line (None for a blank line), cut to what the model takes, with a warning
     on `warn` (stderr) that names the line, counting from `offset` + 1."""
-    limit = loaded.model.cfg.max_len - 1 - len(loaded.lead)  # room for EOS and a two-way model's tag
+    limit = source_limit(loaded)
     todo = [i for i, line in enumerate(lines) if line.strip()]
     srcs: list[list[int] | None] = [None] * len(lines)
     for i, src in zip(todo, loaded.src_tok.encode([lines[i].strip() for i in todo]), strict=True):

@@ -2,11 +2,12 @@
 
 The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients work unchanged; mt's own
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
-`GET /metrics` (Prometheus); the page at `/`. Concurrent requests are batched together by mt/serve/batcher.py. Limits
-(characters per line, lines per request, queue room, a timeout per request) answer with a status and
-`{"error": ...}`, never by falling over: mt/serve/checks.py judges each request before it is queued,
-mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too slow to send their
-requests. No endpoint reads a path a request names.
+`GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` html, and text
+and srt in mt's own), cut into sentences and put back together by mt/decode/documents.py. Concurrent requests are
+batched together by mt/serve/batcher.py. Limits (characters per line, lines per request, queue room, a timeout per
+request) answer with a status and `{"error": ...}`, never by falling over: mt/serve/checks.py judges each request
+before it is queued, mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too
+slow to send their requests. No endpoint reads a path a request names.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 import torch
 from fastapi import FastAPI, Request
@@ -28,9 +30,10 @@ from pydantic import BaseModel, Field
 
 from mt.decode.alignments import alignments as hard_alignments
 from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
+from mt.decode.documents import finish, read_document, splitter
 from mt.decode.load import Loaded
 from mt.decode.search import Hypothesis, SearchOptions
-from mt.decode.translate import compiled, encode_lines, load_any, translate_lines
+from mt.decode.translate import compiled, encode_lines, load_any, plan_documents, translate_lines
 from mt.device import pick_device
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
@@ -105,6 +108,7 @@ class NativeRequest(BaseModel):
     nbest: int = Field(1, ge=1, le=16)
     scores: bool = False
     alignments: bool = False
+    format: Literal["lines", "text", "html", "srt"] = "lines"  # lines: each text a line; else each a document
 
 
 class AttentionRequest(BaseModel):
@@ -172,6 +176,14 @@ def add_translation_routes(app: FastAPI) -> None:
     async def native(body: NativeRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
+        if body.format != "lines":
+            if body.nbest > 1 or body.scores or body.alignments:
+                raise ApiError(400, f"format {body.format} translates documents; nbest, scores and alignments are for "
+                                    "format lines")
+            texts = await translate_documents(app, request, served, body.text, body.format,
+                                              settings(served, body.beam, body.len_penalty), "v1")
+            return {"model": served.name, "translations": [{"text": text} for text in texts]}
+        check_lines(body.text, options)
         results = await translate(app, request, served, body.text,
                                   settings(served, body.beam, body.len_penalty, body.nbest), "v1")
         aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
@@ -184,6 +196,7 @@ def add_translation_routes(app: FastAPI) -> None:
     async def attention(body: AttentionRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
+        check_lines([body.text], options)
         results = await translate(app, request, served, [body.text], settings(served), "attention")
         return await served.batcher.run_alone(lambda: attention_map(served, body.text, results[0]))
 
@@ -192,6 +205,10 @@ def add_translation_routes(app: FastAPI) -> None:
         query = await parse(request)
         check_key(options, query.api_key or header_key(request))
         served = pick_by_languages(models, query.source, query.target)
+        if query.format == "html":
+            texts = await translate_documents(app, request, served, query.lines, "html", settings(served), "translate")
+            return respond(query, served.src, texts)
+        check_lines(query.lines, options)
         results = await translate(app, request, served, query.lines, settings(served), "translate")
         return respond(query, served.src, [render(served, hyps, 1, False)["text"] for hyps in results])
 
@@ -202,12 +219,33 @@ def settings(served: Served, beam: int | None = None, len_penalty: float | None 
     return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest
 
 
+async def translate_documents(app: FastAPI, request: Request, served: Served, texts: list[str], fmt: str,
+                              settings: Settings, endpoint: str) -> list[str]:
+    """Each of `texts` translated as a document of `fmt`: checked as lines are (each text counts as a line), cut
+    into sentences off the event loop, the sentences of all queued as one request, put back together."""
+    check_lines(texts, app.state.options)
+    try:
+        splitter()
+    except MtError as error:
+        raise ApiError(501, str(error)) from None
+
+    def cut():
+        documents = [read_document(fmt, text.replace("\r\n", "\n").split("\n"), f"text {i + 1}")
+                     for i, text in enumerate(texts)]
+        return plan_documents(served.loaded, documents)
+    try:
+        todo = await asyncio.to_thread(cut)
+    except MtError as error:  # a broken subtitle, HTML that html.parser cannot read
+        raise ApiError(400, str(error)) from None
+    results = await translate(app, request, served, todo.parts, settings, endpoint) if todo.parts else []
+    return finish(todo, [render(served, hyps, 1, False)["text"] for hyps in results])
+
+
 async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
                     endpoint: str) -> list[list[Hypothesis]]:
-    """Queue `lines` for `served`'s worker, within the limits; the hypotheses of each line. A request that times
-    out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
+    """Queue `lines` (checked by `check_lines` first) for `served`'s worker; the hypotheses of each line. A request
+    that times out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
     options, metrics = app.state.options, app.state.metrics
-    check_lines(lines, options)
     started = time.perf_counter()
     submitted = asyncio.ensure_future(served.batcher.submit(lines, settings))
     gone = asyncio.ensure_future(disconnected(request))

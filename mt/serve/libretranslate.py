@@ -1,5 +1,6 @@
 """LibreTranslate's `POST /translate`, as its clients send it: JSON or a form, `q` a string or a list, `source`
-(or "auto"), `target`, `format` ("text"; "html" is refused), and `api_key` in the body."""
+(or "auto"), `target`, `format` ("text": each `q` a line; "html": each a document, mt/decode/documents.py), and
+`api_key` in the body."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Query:
     source: str
     target: str
     api_key: str | None
+    format: str = "text"
 
 
 async def parse(request: Request) -> Query:
@@ -31,10 +33,12 @@ async def parse(request: Request) -> Query:
     for key in ("source", "target"):
         if not isinstance(body.get(key), str) or not body[key]:
             raise ApiError(400, f"Invalid request: missing {key} parameter (a language code)")
-    if body.get("format", "text") != "text":
-        raise ApiError(400, f"format {body.get('format')!r} is not supported; send format=text")
+    fmt = body.get("format", "text")
+    if fmt not in ("text", "html"):
+        raise ApiError(400, f"format {fmt!r} is not supported; send format=text or format=html")
     key = body.get("api_key")
-    return Query([q] if single else q, single, body["source"], body["target"], key if isinstance(key, str) else None)
+    return Query([q] if single else q, single, body["source"], body["target"], key if isinstance(key, str) else None,
+                 fmt)
 
 
 def respond(query: Query, src: str, texts: list[str]) -> dict:

@@ -92,6 +92,34 @@ def test_libretranslate_requests_in_every_shape_its_clients_send(checkpoint, tmp
     assert languages.json() == [{"code": "de", "name": "German", "targets": ["en"]}]
 
 
+PAGE = '<p class="x">Der Hund <b>sitzt</b> unter dem Baum. Die Katze läuft.</p>\n<pre>der hund</pre>'
+SUBTITLES = "1\n00:00:01,000 --> 00:00:02,000\nder hund sitzt.\ndie katze läuft.\n"
+
+
+def test_documents_through_both_apis_are_translated_as_mt_translate_format_does(checkpoint, tmp_path):
+    pytest.importorskip("sentencex")
+    app = serve_app(checkpoint, max_lines=2)
+
+    async def go():
+        async with client(app) as c:
+            native = await c.post("/v1/translate", json={"text": [PAGE, SUBTITLES], "format": "html"})
+            libre = await c.post("/translate", json={"q": PAGE, "source": "de", "target": "en", "format": "html"})
+            srt = await c.post("/v1/translate", json={"text": [SUBTITLES], "format": "srt"})
+            broken = await c.post("/v1/translate", json={"text": [SUBTITLES.replace("-->", "->")], "format": "srt"})
+            nbest = await c.post("/v1/translate", json={"text": [PAGE], "format": "text", "nbest": 2})
+            return native.json(), libre.json(), srt.json(), broken, nbest
+
+    native, libre, srt, broken, nbest = run(go())
+    page = mt_translate(checkpoint, [PAGE], tmp_path, "--format", "html")  # its sentences: more than --max-lines
+    assert native["translations"][0]["text"].split("\n") == page == libre["translatedText"].split("\n")
+    assert srt["translations"][0]["text"].split("\n") == mt_translate(checkpoint, [SUBTITLES], tmp_path, "--format",
+                                                                        "srt")
+    assert (broken.status_code, broken.json()) == (400, {"error": "text 1:2: a broken timing line, '00:00:01,000 -> "
+                                                                  "00:00:02,000': SubRip's is HH:MM:SS,mmm --> "
+                                                                  "HH:MM:SS,mmm"})
+    assert nbest.status_code == 400 and "nbest, scores and alignments are for format lines" in nbest.json()["error"]
+
+
 def held(batcher):
     """Make `batcher`'s worker wait inside its next model call until the test lets it go."""
     inside, release = threading.Event(), threading.Event()
@@ -194,8 +222,8 @@ def test_limits_keys_and_malformed_bodies_get_a_status_and_an_error_message(chec
                 "unknown model": await c.post("/v1/translate", json={"model": "fr-en", "text": ["a"]}, headers=ok),
                 "no such pair": await c.post("/translate", json={"q": "a", "source": "fr", "target": "en",
                                                                  "api_key": "secret"}),
-                "html": await c.post("/translate", json={"q": "a", "source": "de", "target": "en",
-                                                         "format": "html", "api_key": "secret"}),
+                "xml": await c.post("/translate", json={"q": "a", "source": "de", "target": "en",
+                                                        "format": "xml", "api_key": "secret"}),
                 "fine": await c.post("/v1/translate", json={"text": ["der hund"]}, headers=ok),
             }
 
@@ -204,7 +232,7 @@ def test_limits_keys_and_malformed_bodies_get_a_status_and_an_error_message(chec
                 "libre no key": (401, "API key"), "too many lines": (413, "the limit is 3 (--max-lines)"),
                 "too long": (413, "line 2 has 51 characters"), "not json": (400, "not valid JSON"),
                 "wrong type": (422, "text"), "unknown model": (404, "the models are de-en"),
-                "no such pair": (400, "translate de→en"), "html": (400, "format=text")}
+                "no such pair": (400, "translate de→en"), "xml": (400, "format=text or format=html")}
     for case, (status, phrase) in expected.items():
         assert answers[case].status_code == status, case
         assert phrase in answers[case].json()["error"], (case, answers[case].json())

@@ -1,0 +1,234 @@
+"""Documents in, documents out (`mt translate --format text|html|srt`, and mt serve's `format`).
+
+A document is cut into units: a paragraph (lines between blank lines: a line break inside one is a soft wrap), a
+subtitle cue's text, the text of an HTML block (mt/decode/markup.py). Each unit is cut into sentences by sentencex,
+and the sentences of all the documents at hand are translated together, through the one path of
+mt/decode/translate.py (`Plan.parts` in, their translations to `finish`). Each translation takes its sentence's
+place; the whitespace between sentences, blank lines, cue numbers and timings, tags and attributes stay as they
+were. Nothing is cut off or dropped: a sentence longer than the model takes is cut at a safe point (punctuation,
+else a space) and its parts translated one by one; a sentence without a letter is kept as it is, and so is one
+the model translates to nothing.
+
+Torch-free: the model's part comes in as `count` (source pieces per text) and `limit` (the most it takes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mt.decode.markup import html_document
+from mt.errors import MtError
+
+FORMATS = ("lines", "text", "html", "srt")  # lines: one sentence a line, mt translate's way without --format
+SOFT = str.maketrans("\n\r\t\f\v", "     ")  # what the splitter sees of line breaks: a space, the same length
+SAFE_AFTER = ",;:.!?)]}…\"'»”’"  # a long sentence is cut after one of these, at a space, sooner than anywhere else
+NUMBER = re.compile(r"\s*\d+\s*$")
+TIMING = re.compile(r"\s*\d+:\d\d:\d\d[,.]\d{1,3}\s*-->\s*\d+:\d\d:\d\d[,.]\d{1,3}(\s.*)?$")
+MARKUP = r"(?:<[^<>]*>|\{[^{}]*\})"  # a subtitle's <i>, </font>, {\an8}
+LEADING_MARKUP = re.compile(rf"^(?:\s*{MARKUP})+")
+TRAILING_MARKUP = re.compile(rf"(?:{MARKUP}\s*)+$")
+
+
+@dataclass
+class Sentence:
+    """One sentence of a unit: where it is in the unit's text; what takes its place (its translation, else itself);
+    and which of `Plan.parts` it was translated as (`count` 0: kept as it is)."""
+
+    start: int
+    end: int
+    text: str
+    first: int = 0
+    count: int = 0
+
+
+@dataclass
+class Document:
+    """A document cut into units of text to translate, and how to put it back together: `render` takes each
+    unit's sentences, translated, and returns the document's text."""
+
+    units: list[str]
+    render: Callable[[list[list[Sentence]]], str]
+
+
+@dataclass
+class Plan:
+    """What some documents ask of the model: `parts`, to translate in one go, in this order."""
+
+    documents: list[Document]
+    sentences: list[list[list[Sentence]]]  # per document, per unit
+    parts: list[str]
+
+
+def read_document(fmt: str, lines: list[str], name: str) -> Document:
+    """The document of `fmt` ("text", "html" or "srt") whose lines (without their line ends) are `lines`; `name`
+    (a file, or a request's text) is what an error about it says. Raises MtError for what cannot be read as one."""
+    splitter()  # the clear message for a missing splitter, before any work
+    if fmt == "text":
+        return text_document(lines)
+    if fmt == "srt":
+        return srt_document(lines, name)
+    if fmt == "html":
+        units, render = html_document("\n".join(lines), name)
+        return Document(units, lambda sentences: render([[(s.start, s.end, s.text) for s in unit]
+                                                         for unit in sentences]))
+    raise MtError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
+
+
+def splitter() -> Callable[[str, str], list[str]]:
+    """sentencex's `segment(language, text)`, or MtError saying how to install it."""
+    try:
+        from sentencex import segment
+    except ImportError:
+        raise MtError("documents (text, html, srt) are cut into sentences by sentencex, which is not installed: "
+                      "pip install 'mt[documents]' (or pip install sentencex)") from None
+    return segment
+
+
+def plan(documents: list[Document], lang: str, count: Callable[[list[str]], list[int]], limit: int) -> Plan:
+    """Each unit of `documents` cut into sentences (sentencex's rules for `lang`), and the parts to translate: each
+    sentence with a letter in it, its whitespace runs made single spaces, cut (`fit`) where it is longer than
+    `limit` pieces (as `count` counts them)."""
+    segment, parts = splitter(), []
+    sentences = [[[Sentence(s, e, unit[s:e]) for s, e in split_sentences(unit, lang, segment)] for unit in doc.units]
+                 for doc in documents]
+    todo = [s for doc in sentences for unit in doc for s in unit if any(c.isalpha() for c in s.text)]
+    sources = [" ".join(s.text.split()) for s in todo]
+    for sentence, source, pieces in zip(todo, sources, count(sources), strict=True):
+        cut = [source] if pieces <= limit else fit(source, limit, count)
+        sentence.first, sentence.count = len(parts), len(cut)
+        parts.extend(cut)
+    return Plan(documents, sentences, parts)
+
+
+def finish(plan: Plan, translations: list[str]) -> list[str]:
+    """Each document's text, its sentences replaced by `translations` of `plan.parts` (in their order)."""
+    if len(translations) != len(plan.parts):
+        raise ValueError(f"{len(translations)} translations for {len(plan.parts)} parts")
+    for doc in plan.sentences:
+        for unit in doc:
+            for s in unit:
+                if s.count:  # a part translated to nothing keeps its source text
+                    text = " ".join(" ".join(translations[k].split()) or plan.parts[k]
+                                    for k in range(s.first, s.first + s.count))
+                    s.text = s.text if text == " ".join(s.text.split()) else text  # unchanged: as it was written
+    return [doc.render(sentences) for doc, sentences in zip(plan.documents, plan.sentences, strict=True)]
+
+
+def split_sentences(text: str, lang: str, segment: Callable[[str, str], list[str]]) -> list[tuple[int, int]]:
+    """(start, end) of each sentence of `text`, without the whitespace around it; line breaks are soft."""
+    flat = text.translate(SOFT)
+    pieces = list(segment(lang, flat))
+    if "".join(pieces) != flat:  # sentencex gives the text back whole; should a release not, one sentence
+        pieces = [flat]
+    spans, pos = [], 0
+    for piece in pieces:
+        start, end = pos + len(piece) - len(piece.lstrip()), pos + len(piece.rstrip())
+        if end > start:
+            spans.append((start, end))
+        pos += len(piece)
+    return spans
+
+
+def fit(sentence: str, limit: int, count: Callable[[list[str]], list[int]]) -> list[str]:
+    """`sentence` cut into parts of at most `limit` pieces each: in two at the safe point nearest its middle (a
+    space after punctuation, else a space, else the middle itself), and again, until each part fits."""
+    if len(sentence) < 2 or count([sentence])[0] <= limit:
+        return [sentence]  # a single character longer than the model takes: the encoder cuts it, and warns
+    middle = len(sentence) / 2
+    spaces = [i for i, c in enumerate(sentence) if c == " " and 0 < i < len(sentence) - 1]
+    safe = [i for i in spaces if sentence[i - 1] in SAFE_AFTER]
+    cut = min(safe or spaces or [int(middle)], key=lambda i: abs(i - middle))
+    return fit(sentence[:cut].rstrip(), limit, count) + fit(sentence[cut:].lstrip(), limit, count)
+
+
+def join(text: str, sentences: list[Sentence]) -> str:
+    """`text` with each of its sentences replaced by what takes its place, the whitespace between them kept."""
+    out, pos = [], 0
+    for s in sentences:
+        out += [text[pos:s.start], s.text]
+        pos = s.end
+    return "".join(out) + text[pos:]
+
+
+def text_document(lines: list[str]) -> Document:
+    """Paragraphs: runs of lines with text, between blank lines (kept as they are). A line break inside a
+    paragraph is a soft wrap: kept where it falls between two sentences, a space inside one."""
+    units: list[str] = []
+    layout: list[str | int] = []  # a blank line, or the index of a paragraph
+    for blank, group in itertools.groupby(lines, key=lambda line: not line.strip()):
+        if blank:
+            layout.extend(group)
+        else:
+            layout.append(len(units))
+            units.append("\n".join(group))
+
+    def render(sentences: list[list[Sentence]]) -> str:
+        return "\n".join(item if isinstance(item, str) else join(units[item], sentences[item]) for item in layout)
+    return Document(units, render)
+
+
+@dataclass
+class Cue:
+    """A subtitle's text: its unit, the lines it had, and the markup around it (<i>, {\\an8}), kept as it is."""
+
+    unit: int
+    lines: int
+    lead: str
+    trail: str
+
+
+def srt_document(lines: list[str], name: str) -> Document:
+    """SubRip: cues of a number, a timing line and lines of text, between blank lines. Numbers and timings are
+    kept as they are; a cue's lines are one unit, written back on as many lines as the cue had."""
+    units: list[str] = []
+    layout: list[str | Cue] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].strip():
+            layout.append(lines[i])
+            i += 1
+            continue
+        if not NUMBER.match(lines[i]):
+            raise MtError(f"{name}:{i + 1}: expected a cue number, found {lines[i][:40]!r}; is this SubRip (.srt)?")
+        if i + 1 == len(lines) or not TIMING.match(lines[i + 1]):
+            found = repr(lines[i + 1][:60]) if i + 1 < len(lines) else "the end of the file"
+            raise MtError(f"{name}:{i + 2}: a broken timing line, {found}: SubRip's is "
+                          f"HH:MM:SS,mmm --> HH:MM:SS,mmm")
+        end = next((j for j in range(i + 2, len(lines)) if not lines[j].strip()), len(lines))
+        layout += lines[i:i + 2]
+        if end > i + 2:
+            text = "\n".join(lines[i + 2:end])
+            lead = LEADING_MARKUP.match(text)
+            trail = TRAILING_MARKUP.search(text, lead.end() if lead else 0)
+            start, stop = lead.end() if lead else 0, trail.start() if trail else len(text)
+            layout.append(Cue(len(units), end - i - 2, text[:start], text[stop:]))
+            units.append(text[start:stop])
+        i = end
+
+    def render(sentences: list[list[Sentence]]) -> str:
+        out = []
+        for item in layout:
+            if isinstance(item, Cue):
+                text = join(units[item.unit], sentences[item.unit])
+                out.append(item.lead + "\n".join(wrap(text.split("\n"), item.lines)) + item.trail)
+            else:
+                out.append(item)
+        return "\n".join(out)
+    return Document(units, render)
+
+
+def wrap(lines: list[str], count: int) -> list[str]:
+    """`lines`, the longest cut in two at its space nearest the middle until there are `count` (or no space)."""
+    lines = list(lines)
+    while len(lines) < count:
+        longest = max(range(len(lines)), key=lambda i: len(lines[i]))
+        line = lines[longest]
+        spaces = [i for i, c in enumerate(line) if c == " "]
+        if not spaces:
+            break
+        cut = min(spaces, key=lambda i: abs(i - len(line) / 2))
+        lines[longest:longest + 1] = [line[:cut].rstrip(), line[cut:].lstrip()]
+    return lines
