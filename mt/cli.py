@@ -194,6 +194,15 @@ def translate(
                        typer.Option("--compile", help="Compile the decoding step (torch.compile) at load, about a "
                                                       "minute on 2 cores: then faster on small batches, a third less "
                                                       "time for a lone sentence on CPU.")] = TranslateRequest.compile,
+    glossary: Annotated[Path | None,
+                        typer.Option(help="Terminology: a TSV file of `source term<TAB>target term` lines (# comments "
+                                          "and blank lines allowed); a line's translation holds the target term of "
+                                          "each source term in it, or a warning on stderr names the line and term "
+                                          "(docs/glossaries.md).")] = None,
+    glossary_method: Annotated[Literal["constrain", "replace"] | None,
+                               typer.Option(help="How --glossary's terms are placed: constrain (the search must place "
+                                                 "them) or replace (the source term replaced by the target term) "
+                                                 "[default: constrain; replace for a CTranslate2 export].")] = None,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order.
 
@@ -205,7 +214,8 @@ def translate(
     run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                          batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
                          encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                         head=head, engine=engine, to=to, compile=compile))
+                         head=head, engine=engine, to=to, compile=compile, glossary=glossary,
+                         glossary_method=glossary_method))
 
 
 @app.command()

@@ -33,6 +33,8 @@ class TranslateRequest:
     engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
     to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
     compile: bool = False  # torch.compile the decoding step (mt.model.fast.compile_decoding)
+    glossary: Path | None = None  # a TSV of terms: source term, tab, target term (mt/decode/glossary.py)
+    glossary_method: str | None = None  # constrain or replace; None: the best the model can do
 
 
 @dataclass

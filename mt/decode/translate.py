@@ -6,7 +6,9 @@ report, `translate_lines` for tune and bench; training's validation searches wit
 input. Exactly one output line per input line: an empty or blank input line gives an empty output line, a line
 longer than the model allows is cut (with a warning on stderr), and control characters pass to SentencePiece,
 which maps what it does not know to <unk>. The attention option of the same stream decodes each chunk's best
-translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py).
+translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py). A glossary
+(mt/decode/glossary.py) prepares each chunk's lines for the search, and each best translation is checked for its
+terms: a warning on stderr names a line that misses one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mt.data.lines import (
 from mt.decode.alignments import alignments, heatmap, pair_attention, pharaoh, to_pieces
 from mt.decode.ctranslate2 import is_export
 from mt.decode.ctranslate2 import load as load_exported
+from mt.decode.glossary import Glossary, apply, check_method, default_method, read_glossary, warn_missed
 from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
@@ -69,14 +72,26 @@ def run(request: TranslateRequest) -> None:
     With stdin a terminal and no file or attention asked for, translate interactively: a prompt on stderr,
     one line at a time, until Ctrl-D or Ctrl-C.
     """
+    glossary = glossary_option(request)  # before the model loads: a bad file is refused at once
     loaded, opts, device = load(request)
     attention = attention_option(request, loaded, opts.nbest)
     if request.input is None and request.output is None and attention is None and sys.stdin.isatty():
-        interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors)
+        interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors,
+                    glossary)
         return
     lines = read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True)
-    write_output(translations(loaded, lines, opts, device, attention), request.output, request.alignments,
+    write_output(translations(loaded, lines, opts, device, attention, glossary), request.output, request.alignments,
                  sys.stdout)
+
+
+def glossary_option(request: TranslateRequest) -> Glossary | None:
+    """The glossary of --glossary, to be placed by --glossary-method (default: the best the model can do)."""
+    exported = is_export(request.checkpoint)
+    if request.glossary is None:
+        if request.glossary_method is not None:
+            raise MtError("--glossary-method says how to place a glossary's terms: give --glossary FILE too")
+        return None
+    return read_glossary(request.glossary, check_method(request.glossary_method or default_method(exported), exported))
 
 
 def load(request: TranslateRequest) -> tuple[Loaded, SearchOptions, torch.device]:
@@ -155,7 +170,7 @@ def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> A
 
 
 def interactive(loaded: Loaded, opts: SearchOptions, device: torch.device, stdin: BinaryIO, stdout: TextIO,
-                stderr: TextIO, encoding_errors: str = "strict") -> None:
+                stderr: TextIO, encoding_errors: str = "strict", glossary: Glossary | None = None) -> None:
     """Translate each line as it is typed, until Ctrl-D or Ctrl-C; each line is a stream of its own (so that
     --nbest numbers every sentence 0), translated before the next prompt."""
     def ask() -> None:
@@ -164,7 +179,7 @@ def interactive(loaded: Loaded, opts: SearchOptions, device: torch.device, stdin
 
     try:
         for line in read_lines(stdin, encoding_errors, empty_ok=True, ask=ask):
-            write_output(translations(loaded, [line], opts, device), None, None, stdout)
+            write_output(translations(loaded, [line], opts, device, glossary=glossary), None, None, stdout)
     except KeyboardInterrupt:  # Ctrl-C quits as quietly as Ctrl-D
         pass
     stderr.write("\n")  # leave the shell's prompt on a line of its own
@@ -211,18 +226,22 @@ def translate_stream(loaded: Loaded, lines: Iterable[str], opts: SearchOptions, 
 
 
 def translations(loaded: Loaded, lines: Iterable[str], opts: SearchOptions, device: torch.device,
-                 attention: Attention | None = None) -> Iterator[Translated]:
+                 attention: Attention | None = None, glossary: Glossary | None = None) -> Iterator[Translated]:
     """The one stream: each input line's `Translated`, in input order; CHUNK_LINES lines are read, sorted by
-    length and searched together at a time."""
+    length and searched together at a time. With a glossary, a warning on stderr for each line whose best
+    translation misses a term of it."""
     if attention is not None and attention.heatmap_dir is not None:
         attention.heatmap_dir.mkdir(parents=True, exist_ok=True)
     for offset, chunk in chunks(lines, CHUNK_LINES):
-        srcs = encode_lines(loaded, chunk, offset)
-        results = search_lines(loaded.model, srcs, opts, device)
+        glossed = apply(glossary, chunk, loaded.tgt_tok)
+        srcs = encode_lines(loaded, glossed.lines, offset)
+        results = search_lines(loaded.model, srcs, opts, device, glossed.constraints)
         aligned = [""] * len(chunk)
         if attention is not None:
             aligned = attend(loaded, srcs, results, offset, attention, opts.batch_tokens)
         for i, (hyps, alignment) in enumerate(zip(results, aligned, strict=True)):
+            if glossed.terms:
+                warn_missed(offset + i + 1, glossed.missed(i, best_text(loaded, hyps)))
             yield Translated(render(loaded, offset + i, hyps, opts.nbest), alignment)
 
 
@@ -241,9 +260,10 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
 
 
 def translate_lines(loaded: Loaded, lines: list[str], opts: SearchOptions, device: torch.device,
-                    warn: TextIO | None = None) -> list[list[Hypothesis]]:
-    """Hypotheses for each line (an empty list for a blank line)."""
-    return search_lines(loaded.model, encode_lines(loaded, lines, 0, warn), opts, device)
+                    warn: TextIO | None = None, glossary: Glossary | None = None) -> list[list[Hypothesis]]:
+    """Hypotheses for each line (an empty list for a blank line), with `glossary`'s terms placed if given."""
+    glossed = apply(glossary, lines, loaded.tgt_tok)
+    return search_lines(loaded.model, encode_lines(loaded, glossed.lines, 0, warn), opts, device, glossed.constraints)
 
 
 def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
@@ -275,6 +295,10 @@ def compiled(loaded: Loaded, opts: SearchOptions, device: torch.device) -> Loade
     # passes, each of which would otherwise walk them all (0.5 s on 2 cores) in the middle of translating.
     gc.freeze()
     return loaded
+
+
+def best_text(loaded: Loaded, hyps: list[Hypothesis]) -> str:
+    return loaded.tgt_tok.decode([hyps[0].tokens])[0] if hyps else ""
 
 
 def render(loaded: Loaded, index: int, hyps: list[Hypothesis], nbest: int) -> list[str]:
