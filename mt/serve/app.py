@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -28,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from mt.decode.alignments import alignments as hard_alignments
 from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
+from mt.decode.glossary import Glossary, missed
 from mt.decode.load import Loaded
 from mt.decode.search import Hypothesis, SearchOptions
 from mt.decode.translate import compiled, encode_lines, load_any, translate_lines
@@ -35,7 +37,7 @@ from mt.device import pick_device
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
 from mt.serve.batcher import Batcher, QueueFull, Settings
-from mt.serve.checks import check_key, check_lines, header_key
+from mt.serve.checks import check_glossary, check_key, check_lines, header_key
 from mt.serve.errors import add_error_handlers
 from mt.serve.libretranslate import parse, respond
 from mt.serve.limits import protocol
@@ -89,11 +91,12 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
 def translator(loaded: Loaded, device: torch.device, precision: str):
     """What a model's worker calls: lines and decoding settings in, hypotheses per line out (as mt translate)."""
     def translate(lines: list[str], settings: Settings) -> list[list[Hypothesis]]:
-        beam, len_penalty, nbest = settings
+        beam, len_penalty, nbest, glossary = settings
         opts = SearchOptions.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
                                    precision=precision)
         opts.beam = max(opts.beam, opts.nbest)
-        return translate_lines(loaded, lines, opts, device, warn=io.StringIO())  # cut lines: no stderr per request
+        return translate_lines(loaded, lines, opts, device, warn=io.StringIO(),  # cut lines: no stderr per request
+                               glossary=glossary)
     return translate
 
 
@@ -105,6 +108,8 @@ class NativeRequest(BaseModel):
     nbest: int = Field(1, ge=1, le=16)
     scores: bool = False
     alignments: bool = False
+    glossary: Any = None  # [{"source": ..., "target": ...}] or {source: target}, as checks.py's check_glossary says
+    glossary_method: Any = None  # constrain or replace; None: the best the model can do
 
 
 class AttentionRequest(BaseModel):
@@ -172,13 +177,17 @@ def add_translation_routes(app: FastAPI) -> None:
     async def native(body: NativeRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
+        glossary = check_glossary(body.glossary, body.glossary_method, "export" in served.loaded.state, options)
         results = await translate(app, request, served, body.text,
-                                  settings(served, body.beam, body.len_penalty, body.nbest), "v1")
+                                  settings(served, body.beam, body.len_penalty, body.nbest, glossary), "v1")
         aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
             else None
-        return {"model": served.name, "translations": [
-            render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
-            for i, hyps in enumerate(results)]}
+        out = [render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
+               for i, hyps in enumerate(results)]
+        if glossary is not None:
+            for one, terms in zip(out, not_placed(glossary, body.text, out), strict=True):
+                one["glossary_missed"] = terms
+        return {"model": served.name, "translations": out}
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
@@ -192,14 +201,24 @@ def add_translation_routes(app: FastAPI) -> None:
         query = await parse(request)
         check_key(options, query.api_key or header_key(request))
         served = pick_by_languages(models, query.source, query.target)
-        results = await translate(app, request, served, query.lines, settings(served), "translate")
-        return respond(query, served.src, [render(served, hyps, 1, False)["text"] for hyps in results])
+        glossary = check_glossary(query.glossary, query.glossary_method, "export" in served.loaded.state, options)
+        results = await translate(app, request, served, query.lines, settings(served, glossary=glossary), "translate")
+        out = [render(served, hyps, 1, False) for hyps in results]
+        return respond(query, served.src, [one["text"] for one in out],
+                       None if glossary is None else not_placed(glossary, query.lines, out))
 
 
-def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1) -> Settings:
+def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1,
+             glossary: Glossary | None = None) -> Settings:
     """A request's decoding settings: what it asks for, else the model's decode config."""
     decode = served.loaded.config.decode
-    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest
+    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest, glossary
+
+
+def not_placed(glossary: Glossary, lines: list[str], out: list[dict]) -> list[list[dict]]:
+    """Per line, the glossary's terms (as {"source", "target"}) that its best translation does not hold."""
+    return [[{"source": t.source, "target": t.target} for t in missed(glossary, line, one["text"])]
+            for line, one in zip(lines, out, strict=True)]
 
 
 async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
