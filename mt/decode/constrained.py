@@ -4,7 +4,9 @@ mt/decode/search.py's `constrained_beam_search` steps the model with. Plain Pyth
 phrases and a beam a few hypotheses.
 
 Each hypothesis carries its `Progress`: the phrases it has placed, and the one it is in the middle of. A phrase
-counts once its pieces appear in a row; a hypothesis that leaves a phrase half-way loses that phrase's progress.
+counts once its pieces appear in a row; a hypothesis that leaves a phrase half-way loses that phrase's progress. A
+phrase's words stay whole: right after its last piece, no piece that would continue the word may follow (`glued`:
+"dog" must not become "dogs").
 At each step a hypothesis is offered, besides the beam's best continuations, the next piece of each phrase it could
 go on with; the candidates are grouped into banks by how many phrase pieces they have placed, and the beam is
 shared among the banks (`bank_sizes`), so that hypotheses at every stage of meeting the constraints stay in it.
@@ -12,19 +14,38 @@ shared among the banks (`bank_sizes`), so that hypotheses at every stage of meet
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
+@dataclass
+class Constraints:
+    """What a search's translations must hold: per source, target phrases (lists of piece ids, in reading order;
+    empty ones count for nothing), and the pieces that would continue a word (`glued`, e.g. "s" without a word
+    boundary before it), which may not follow a phrase's last piece."""
+
+    phrases: list[list[list[int]]]
+    glued: frozenset[int] = field(default_factory=frozenset)
+
+    def __bool__(self) -> bool:
+        """Whether any source has a phrase."""
+        return any(p for phrases in self.phrases for p in phrases)
+
+    def select(self, indices: list[int]) -> Constraints:
+        return Constraints([self.phrases[i] for i in indices], self.glued)
+
+
 class Progress(NamedTuple):
-    """How far a hypothesis has come: the phrases placed (a bit per phrase), and the phrase it is in the middle
-    of (-1: none) with how many of its pieces it has emitted."""
+    """How far a hypothesis has come: the phrases placed (a bit per phrase), the phrase it is in the middle
+    of (-1: none) with how many of its pieces it has emitted, and whether its last piece ended a phrase."""
 
     done: int = 0
     phrase: int = -1
     at: int = 0
+    closed: bool = False
 
 
-class Constraints:
+class Phrases:
     """One sentence's phrases (lists of piece ids; empty ones are dropped) and the rules of meeting them."""
 
     def __init__(self, phrases: list[list[int]]):
@@ -33,22 +54,22 @@ class Constraints:
 
     def advance(self, progress: Progress, token: int) -> Progress:
         """The progress after emitting `token`."""
-        done, phrase, at = progress
+        done, phrase, at, _ = progress
         if phrase >= 0:
             if self.phrases[phrase][at] == token:
                 if at + 1 == len(self.phrases[phrase]):
-                    return Progress(done | 1 << phrase)
+                    return Progress(done | 1 << phrase, closed=True)
                 return Progress(done, phrase, at + 1)
             # left half-way: the phrase's progress is lost; the token may start another
         for i, pieces in enumerate(self.phrases):
             if not done >> i & 1 and pieces[0] == token:
-                return Progress(done | 1 << i) if len(pieces) == 1 else Progress(done, i, 1)
+                return Progress(done | 1 << i, closed=True) if len(pieces) == 1 else Progress(done, i, 1)
         return Progress(done)
 
     def allowed(self, progress: Progress) -> set[int]:
         """The tokens that take `progress` a piece further: the next piece of the phrase under way, else the first
         piece of each phrase not yet placed."""
-        done, phrase, at = progress
+        done, phrase, at, _ = progress
         if phrase >= 0:
             return {self.phrases[phrase][at]}
         return {pieces[0] for i, pieces in enumerate(self.phrases) if not done >> i & 1}

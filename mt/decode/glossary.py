@@ -18,12 +18,13 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TextIO
 
 from mt.data.lines import read_lines
 from mt.data.tokenizer import Tokenizer
+from mt.decode.constrained import Constraints
 from mt.errors import MtError
 
 METHODS = ("constrain", "replace")
@@ -71,7 +72,7 @@ class Applied:
     search), and each line's terms, to check the translations against."""
 
     lines: list[str]
-    constraints: list[list[list[int]]] | None
+    constraints: Constraints | None
     terms: list[list[Term]] = field(default_factory=list)
 
     def missed(self, index: int, text: str) -> list[Term]:
@@ -90,7 +91,13 @@ def apply(glossary: Glossary | None, lines: list[str], tgt_tok: Tokenizer) -> Ap
     if glossary.method == "replace":
         return Applied([glossary.replaced(line) for line in lines], None, terms)
     pieces = dict(zip(glossary.targets.values(), tgt_tok.encode(list(glossary.targets.values())), strict=True))
-    return Applied(lines, [[pieces[t.target] for t in found] for found in terms], terms)
+    return Applied(lines, Constraints([[pieces[t.target] for t in found] for found in terms], glued(tgt_tok)), terms)
+
+
+@cache
+def glued(tok: Tokenizer) -> frozenset[int]:
+    """The pieces that continue the word before them: no word boundary (▁) before a letter or digit."""
+    return frozenset(i for i, piece in enumerate(tok.pieces()) if piece[:1].isalnum())
 
 
 def missed(glossary: Glossary, line: str, text: str) -> list[Term]:

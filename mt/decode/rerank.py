@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from mt.decode.alignments import cross_attention
-from mt.decode.constrained import holds
+from mt.decode.constrained import Constraints, holds
 from mt.decode.search import (
     Hypothesis,
     SearchOptions,
@@ -112,7 +112,7 @@ class Reranked(nn.Module):
         return self.right is not None and weight > 0
 
     def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device,
-               constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+               constraints: Constraints | None = None) -> list[list[Hypothesis]]:
         """Greedy: the left-to-right model's; a beam: its K best (and the right-to-left model's) reranked. With
         `constraints` (see mt/decode/search.py's `translate_ids`), each model's K best are searched under them."""
         if opts.beam == 1:
@@ -120,12 +120,12 @@ class Reranked(nn.Module):
         found, views = self.candidates(srcs, opts, device, constraints)
         ranked = rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, 2 * opts.beam)
         if constraints is not None:  # those that hold every phrase first, as the search ranks them
-            ranked = [sorted(hyps, key=lambda h, c=c: not holds(h.tokens, c)) for hyps, c in zip(ranked, constraints,
-                                                                                                 strict=True)]
+            ranked = [sorted(hyps, key=lambda h, c=c: not holds(h.tokens, c))
+                      for hyps, c in zip(ranked, constraints.phrases, strict=True)]
         return [hyps[:opts.nbest] for hyps in ranked]
 
     def candidates(self, srcs: list[list[int] | None], opts: SearchOptions, device: torch.device,
-                   constraints: list[list[list[int]]] | None = None) -> tuple[list[list[Hypothesis]], Opinions]:
+                   constraints: Constraints | None = None) -> tuple[list[list[Hypothesis]], Opinions]:
         """What `rerank` chooses among for each source (none for a None source): the left-to-right model's K best,
         joined by the right-to-left model's own where it has a weight, and every model's scores of each. They do
         not depend on the weights, so `mt tune` asks once per beam and length penalty."""

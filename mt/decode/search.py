@@ -25,7 +25,7 @@ from tqdm import tqdm
 from mt.config import DecodeConfig
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import BOS, EOS, PAD
-from mt.decode.constrained import Constraints, Progress, allocate
+from mt.decode.constrained import Constraints, Phrases, Progress, allocate
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
@@ -221,11 +221,11 @@ class Slot:
 
 
 @torch.inference_mode()
-def constrained_beam_search(model, src: Tensor, constraints: list[list[list[int]]], beam: int = 4,
-                            len_penalty: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
-                            nbest: int = 1) -> list[list[Hypothesis]]:
-    """Beam search in which each sentence's translations hold its `constraints` (target phrases, as piece ids),
-    by dynamic beam allocation (Post & Vilar 2018; the bookkeeping is mt/decode/constrained.py's).
+def constrained_beam_search(model, src: Tensor, constraints: Constraints, beam: int = 4, len_penalty: float = 0.6,
+                            max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Beam search in which each sentence's translations hold its phrases of `constraints` (piece ids, in the order
+    the model writes them), by dynamic beam allocation (Post & Vilar 2018; the bookkeeping is
+    mt/decode/constrained.py's); no `constraints.glued` piece follows a phrase's last piece.
 
     Each beam is offered, besides the best continuations of `beam_search`, its best token and the next piece of
     each phrase it could go on with; the beam is shared among banks of hypotheses by pieces placed. A hypothesis
@@ -240,7 +240,8 @@ def constrained_beam_search(model, src: Tensor, constraints: list[list[list[int]
     limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
     steps, n, k = max(limits), src.size(0), beam
     cache = model.start_cache(memory, src_mask, steps, beam=k)
-    rules = [Constraints(c) for c in constraints]
+    rules = [Phrases(c) for c in constraints.phrases]
+    glued = torch.tensor(sorted(constraints.glued), dtype=torch.long, device=src.device)
     slots: list[list[Slot | None]] = [[Slot(0.0, [], Progress())] + [None] * (k - 1) for _ in range(n)]
     active = list(range(n))  # the original sentence of each running one
     found: list[list[Hypothesis]] = [[] for _ in range(n)]  # those that hold every phrase
@@ -254,6 +255,10 @@ def constrained_beam_search(model, src: Tensor, constraints: list[list[list[int]
         unfinished = [s * k + j for s, row in enumerate(slots) for j, slot in enumerate(row)
                       if slot is not None and not rules[active[s]].complete(slot.progress)]
         logp[unfinished, EOS] = -torch.inf  # only a hypothesis that holds every phrase may end
+        closed = [s * k + j for s, row in enumerate(slots) for j, slot in enumerate(row)
+                  if slot is not None and slot.progress.closed]
+        if closed and glued.numel():  # a phrase's last word ends with it
+            logp[torch.tensor(closed, device=logp.device)[:, None], glued] = -torch.inf
         scores = torch.tensor([[-torch.inf if slot is None else slot.score for slot in row] for row in slots],
                               device=logp.device)
         top_scores, top_beam, top_tok = (t.tolist() for t in candidates(scores, logp))
@@ -392,36 +397,36 @@ def score_ids(model, srcs: list[list[int]], tgts: list[list[int]], device: torch
 
 
 def search_lines(model, srcs: list[list[int] | None], opts: SearchOptions, device: torch.device,
-                 constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+                 constraints: Constraints | None = None) -> list[list[Hypothesis]]:
     """`translate_ids` of the sources that are not None, in order; an empty list for each None."""
     todo = [i for i, src in enumerate(srcs) if src is not None]
     results: list[list[Hypothesis]] = [[] for _ in srcs]
-    held = None if constraints is None else [constraints[i] for i in todo]
+    held = None if constraints is None else constraints.select(todo)
     for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device, held), strict=True):
         results[i] = hyps
     return results
 
 
 def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: torch.device,
-                  constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+                  constraints: Constraints | None = None) -> list[list[Hypothesis]]:
     """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source. A model
     that searches its own way has a `search` method and is asked; any other is searched here over its KV cache.
 
-    `constraints`: per source, the target phrases (piece ids, in reading order) its translations must hold, e.g.
-    a glossary's terms (mt/decode/glossary.py); the sources with some are searched by `constrained_beam_search`,
-    in batches of their own, and the others as without. A model that searches its own way is asked with them
-    only when some source has any, and refuses them if it cannot honour them."""
-    if constraints is not None:
-        constraints = [[phrase for phrase in phrases if phrase] for phrases in constraints]
-        constraints = constraints if any(constraints) else None
+    `constraints` (mt/decode/constrained.py): per source, the target phrases its translations must hold, e.g. a
+    glossary's terms (mt/decode/glossary.py); the sources with some are searched by `constrained_beam_search`, in
+    batches of their own, and the others as without. A model that searches its own way is asked with them only
+    when some source has any, and refuses them if it cannot honour them."""
+    if constraints is not None and not constraints:
+        constraints = None
     if hasattr(model, "search"):
         return model.search(srcs, opts, device) if constraints is None else model.search(srcs, opts, device,
                                                                                           constraints)
-    if constraints is not None and model.cfg.right_to_left:  # it writes the phrases last piece first too
-        constraints = [[phrase[::-1] for phrase in phrases] for phrases in constraints]
+    if constraints is not None and model.cfg.right_to_left:  # it writes the phrases last piece first too: what
+        # glues onto a phrase's end would come before it, unseen, so words are not kept whole
+        constraints = Constraints([[phrase[::-1] for phrase in phrases] for phrases in constraints.phrases])
     results: list[list[Hypothesis]] = [[] for _ in srcs]
-    plain = [i for i in range(len(srcs)) if constraints is None or not constraints[i]]
-    held = [] if constraints is None else [i for i in range(len(srcs)) if constraints[i]]
+    has = [constraints is not None and any(constraints.phrases[i]) for i in range(len(srcs))]
+    plain, held = [i for i in range(len(srcs)) if not has[i]], [i for i in range(len(srcs)) if has[i]]
     for todo, constrained in ((plain, False), (held, True)):
         for batch in batch_by_tokens([len(srcs[i]) + 1 for i in todo], opts.batch_tokens):
             idx = [todo[b] for b in batch]
@@ -429,8 +434,8 @@ def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: tor
             found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
             with autocast(opts.precision, device), attention_kernels(device):
                 if constrained:
-                    hyps = constrained_beam_search(model, src, [constraints[i] for i in idx], opts.beam,
-                                                   opts.len_penalty, opts.max_len_a, opts.max_len_b, found)
+                    hyps = constrained_beam_search(model, src, constraints.select(idx), opts.beam, opts.len_penalty,
+                                                   opts.max_len_a, opts.max_len_b, found)
                 elif opts.beam == 1 and opts.nbest == 1:
                     hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
                 else:

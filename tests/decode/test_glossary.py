@@ -78,7 +78,10 @@ def test_each_method_prepares_the_lines_as_it_needs_them(tokenizer):
     terms = (Term("cat", "dog"), Term("mat", "big tree"))
     constrained = apply(Glossary(terms, "constrain"), LINES, tokenizer)
     assert constrained.lines == LINES and constrained.terms[0] == list(terms) and constrained.terms[1] == []
-    assert constrained.constraints[0] == tokenizer.encode(["dog", "big tree"]) and constrained.constraints[3] == []
+    assert constrained.constraints.phrases[0] == tokenizer.encode(["dog", "big tree"])
+    glued = constrained.constraints.glued  # what may not follow a term: pieces that continue a word
+    assert constrained.constraints.phrases[3] == [] and glued and tokenizer.sp.piece_to_id("▁dog") not in glued
+    assert all(tokenizer.sp.id_to_piece(i)[0].isalnum() for i in glued)
     replaced = apply(Glossary(terms, "replace"), LINES, tokenizer)
     assert replaced.lines[0] == "the dog sat on the big tree" and replaced.constraints is None
     for nothing in (None, Glossary((Term("bird", "fish"),))):  # no glossary, or no line with a term: as they are
