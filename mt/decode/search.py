@@ -9,7 +9,9 @@ attention weights: such a kind has `cross_attention(src, tgt)` (mt/decode/alignm
 
 Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
 source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
-running batch, so a long sentence does not keep short ones computing.
+running batch, so a long sentence does not keep short ones computing. `constrained_beam_search` is beam search
+whose translations must hold given target phrases (a glossary's terms; mt/decode/constrained.py), which
+`translate_ids` takes per source.
 """
 
 from __future__ import annotations
