@@ -199,6 +199,15 @@ def translate(
                                                     "sentences (the documents extra) and written back translated: "
                                                     "text (paragraphs between blank lines), html (tags kept), srt "
                                                     "(SubRip subtitles, timings kept).")] = TranslateRequest.format,
+    glossary: Annotated[Path | None,
+                        typer.Option(help="Terminology: a TSV file of `source term<TAB>target term` lines (# comments "
+                                          "and blank lines allowed); a line's translation holds the target term of "
+                                          "each source term in it, or a warning on stderr names the line and term "
+                                          "(docs/glossaries.md).")] = None,
+    glossary_method: Annotated[Literal["constrain", "replace"] | None,
+                               typer.Option(help="How --glossary's terms are placed: constrain (the search must place "
+                                                 "them) or replace (the source term replaced by the target term) "
+                                                 "[default: constrain; replace for a CTranslate2 export].")] = None,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order; or, with --format, a
     document: paragraphs, HTML or subtitles.
@@ -211,7 +220,8 @@ def translate(
     run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
                          batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
                          encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                         head=head, engine=engine, to=to, compile=compile, format=format))
+                         head=head, engine=engine, to=to, compile=compile, format=format, glossary=glossary,
+                         glossary_method=glossary_method))
 
 
 @app.command()

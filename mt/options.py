@@ -34,6 +34,8 @@ class TranslateRequest:
     to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
     compile: bool = False  # torch.compile the decoding step (mt.model.fast.compile_decoding)
     format: str = "lines"  # or a document: text (paragraphs), html, srt (mt/decode/documents.py)
+    glossary: Path | None = None  # a TSV of terms: source term, tab, target term (mt/decode/glossary.py)
+    glossary_method: str | None = None  # constrain or replace; None: the best the model can do
 
 
 @dataclass

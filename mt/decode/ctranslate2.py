@@ -15,6 +15,7 @@ from torch import Tensor
 
 from mt.config import ModelConfig, from_dict
 from mt.data.tokenizer import Tokenizer
+from mt.decode.constrained import Constraints
 from mt.decode.load import Loaded
 from mt.decode.search import Hypothesis, SearchOptions
 from mt.errors import MtError
@@ -40,9 +41,15 @@ class CTranslate2Model:
         self.src_pieces = src_tok.pieces()
         self.tgt_ids = tgt_tok.sp.piece_to_id
 
-    def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device) -> list[list[Hypothesis]]:
+    def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device,
+               constraints: Constraints | None = None) -> list[list[Hypothesis]]:
         """The `opts.nbest` best translations of each source (piece ids, no EOS): one output limit for all, from the
-        longest source (CTranslate2 takes one per call). CTranslate2 runs on the device it was loaded on."""
+        longest source (CTranslate2 takes one per call). CTranslate2 runs on the device it was loaded on. It has no
+        lexical constraints: a glossary reaches it by replacement (mt/decode/glossary.py), and constraints are
+        refused."""
+        if constraints:
+            raise MtError("a CTranslate2 export cannot constrain its search to glossary terms: use --glossary-method "
+                          "replace, or give the checkpoint")
         if not srcs:
             return []
         longest = max(len(src) for src in srcs) + 1

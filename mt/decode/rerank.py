@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from mt.decode.alignments import cross_attention
+from mt.decode.constrained import Constraints, holds
 from mt.decode.search import (
     Hypothesis,
     SearchOptions,
@@ -110,21 +111,28 @@ class Reranked(nn.Module):
         """Whether the right-to-left model searches for candidates of its own at reranker weight `weight`."""
         return self.right is not None and weight > 0
 
-    def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device) -> list[list[Hypothesis]]:
-        """Greedy: the left-to-right model's; a beam: its K best (and the right-to-left model's) reranked."""
+    def search(self, srcs: list[list[int]], opts: SearchOptions, device: torch.device,
+               constraints: Constraints | None = None) -> list[list[Hypothesis]]:
+        """Greedy: the left-to-right model's; a beam: its K best (and the right-to-left model's) reranked. With
+        `constraints` (see mt/decode/search.py's `translate_ids`), each model's K best are searched under them."""
         if opts.beam == 1:
-            return translate_ids(self.left, srcs, opts, device)
-        found, views = self.candidates(srcs, opts, device)
-        return rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, opts.nbest)
+            return translate_ids(self.left, srcs, opts, device, constraints)
+        found, views = self.candidates(srcs, opts, device, constraints)
+        ranked = rerank(found, views, opts.rerank_weight, opts.channel_weight, opts.len_penalty, 2 * opts.beam)
+        if constraints is not None:  # those that hold every phrase first, as the search ranks them
+            ranked = [sorted(hyps, key=lambda h, c=c: not holds(h.tokens, c))
+                      for hyps, c in zip(ranked, constraints.phrases, strict=True)]
+        return [hyps[:opts.nbest] for hyps in ranked]
 
-    def candidates(self, srcs: list[list[int] | None], opts: SearchOptions, device: torch.device
-                   ) -> tuple[list[list[Hypothesis]], Opinions]:
+    def candidates(self, srcs: list[list[int] | None], opts: SearchOptions, device: torch.device,
+                   constraints: Constraints | None = None) -> tuple[list[list[Hypothesis]], Opinions]:
         """What `rerank` chooses among for each source (none for a None source): the left-to-right model's K best,
         joined by the right-to-left model's own where it has a weight, and every model's scores of each. They do
         not depend on the weights, so `mt tune` asks once per beam and length penalty."""
         wide = replace(opts, nbest=opts.beam)
-        found = search_lines(self.left, srcs, wide, device)
-        theirs = search_lines(self.right, srcs, wide, device) if self.right_searches(opts.rerank_weight) else None
+        found = search_lines(self.left, srcs, wide, device, constraints)
+        theirs = search_lines(self.right, srcs, wide, device, constraints) \
+            if self.right_searches(opts.rerank_weight) else None
         with autocast(opts.precision, device):
             if theirs is not None:
                 found = joined(self, srcs, found, theirs, opts.batch_tokens, device)

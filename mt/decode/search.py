@@ -9,7 +9,9 @@ attention weights: such a kind has `cross_attention(src, tgt)` (mt/decode/alignm
 
 Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
 source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
-running batch, so a long sentence does not keep short ones computing.
+running batch, so a long sentence does not keep short ones computing. `constrained_beam_search` is beam search
+whose translations must hold given target phrases (a glossary's terms; mt/decode/constrained.py), which
+`translate_ids` takes per source.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tqdm import tqdm
 from mt.config import DecodeConfig
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import BOS, EOS, PAD
+from mt.decode.constrained import Constraints, Phrases, Progress, allocate
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
@@ -210,6 +213,112 @@ class Finished:
                 self.kth_best[i] = self.hyps[i][-1].score
 
 
+@dataclass
+class Slot:
+    """A live hypothesis of constrained search: its total log-probability, pieces and progress on the phrases."""
+
+    score: float
+    tokens: list[int]
+    progress: Progress
+
+
+@torch.inference_mode()
+def constrained_beam_search(model, src: Tensor, constraints: Constraints, beam: int = 4, len_penalty: float = 0.6,
+                            max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Beam search in which each sentence's translations hold its phrases of `constraints` (piece ids, in the order
+    the model writes them), by dynamic beam allocation (Post & Vilar 2018; the bookkeeping is
+    mt/decode/constrained.py's); no `constraints.glued` piece follows a phrase's last piece.
+
+    Each beam is offered, besides the best continuations of `beam_search`, its best token and the next piece of
+    each phrase it could go on with; the beam is shared among banks of hypotheses by pieces placed. A hypothesis
+    may end only once it holds every phrase; an ending among the `beam` best of the top bank finishes it, and a
+    sentence stops as in `beam_search`. The search always ends with a translation: at the length limit every beam
+    ends, and a sentence none of whose hypotheses could hold every phrase gets, ranked after any that do, those that
+    ended where the model chose to (or at the limit), most phrases placed first, then by score.
+    """
+    if nbest > beam:
+        raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
+    memory, src_mask = model.encode(src)
+    limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
+    steps, n, k = max(limits), src.size(0), beam
+    cache = model.start_cache(memory, src_mask, steps, beam=k)
+    rules = [Phrases(c) for c in constraints.phrases]
+    glued = torch.tensor(sorted(constraints.glued), dtype=torch.long, device=src.device)
+    slots: list[list[Slot | None]] = [[Slot(0.0, [], Progress())] + [None] * (k - 1) for _ in range(n)]
+    active = list(range(n))  # the original sentence of each running one
+    found: list[list[Hypothesis]] = [[] for _ in range(n)]  # those that hold every phrase
+    fallback: list[list[tuple[int, Hypothesis]]] = [[] for _ in range(n)]  # (phrases placed, hypothesis): others
+    last = torch.full((n * k,), BOS, dtype=torch.long, device=src.device)
+    for step in range(steps):
+        logits, cache = model.decode_step(last, cache)
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (n*k, V)
+        ends = logp[:, EOS].tolist()
+        penalty = length_penalty(step + 1, len_penalty)
+        unfinished = [s * k + j for s, row in enumerate(slots) for j, slot in enumerate(row)
+                      if slot is not None and not rules[active[s]].complete(slot.progress)]
+        logp[unfinished, EOS] = -torch.inf  # only a hypothesis that holds every phrase may end
+        closed = [s * k + j for s, row in enumerate(slots) for j, slot in enumerate(row)
+                  if slot is not None and slot.progress.closed]
+        if closed and glued.numel():  # a phrase's last word ends with it
+            logp[torch.tensor(closed, device=logp.device)[:, None], glued] = -torch.inf
+        scores = torch.tensor([[-torch.inf if slot is None else slot.score for slot in row] for row in slots],
+                              device=logp.device)
+        top_scores, top_beam, top_tok = (t.tolist() for t in candidates(scores, logp))
+        best_lp, best_tok = (t.tolist() for t in logp.max(dim=1))
+        wanted = [(s * k + j, tok) for s, row in enumerate(slots) for j, slot in enumerate(row) if slot is not None
+                  for tok in rules[active[s]].allowed(slot.progress)]
+        wanted_lp = logp[[r for r, _ in wanted], [t for _, t in wanted]].tolist() if wanted else []
+        offered: list[dict[tuple[int, int], float]] = [{} for _ in slots]
+        for (row, tok), lp in zip(wanted, wanted_lp, strict=True):
+            offered[row // k][(row % k, tok)] = slots[row // k][row % k].score + lp
+        kept, parents, tokens = [], [], []
+        for s, row in enumerate(slots):
+            i, rule, offer = active[s], rules[active[s]], offered[s]
+            for j, slot in enumerate(row):
+                if slot is None:
+                    continue
+                offer[(j, best_tok[s * k + j])] = slot.score + best_lp[s * k + j]
+                if not rule.complete(slot.progress):  # where it would have ended, had it been allowed to
+                    ended = slot.score + (0.0 if limits[i] <= step + 1 else ends[s * k + j])
+                    fallback[i].append((rule.placed(slot.progress), Hypothesis(slot.tokens, ended / penalty, ended)))
+            for score, j, tok in zip(top_scores[s], top_beam[s], top_tok[s], strict=True):
+                if score > -torch.inf:
+                    offer[(j, tok)] = score
+            if limits[i] <= step + 1:  # every beam ends here: those that hold every phrase are found
+                for slot in row:
+                    if slot is not None and rule.complete(slot.progress):
+                        found[i].append(Hypothesis(slot.tokens, slot.score / penalty, slot.score))
+                continue
+            moves = [(score, j, tok, rule.advance(row[j].progress, tok)) for (j, tok), score in offer.items()]
+            top = sorted((m for m in moves if rule.complete(m[3])), key=lambda m: -m[0])[:k]
+            for score, j, tok, _ in top:
+                if tok == EOS:
+                    found[i].append(Hypothesis(row[j].tokens, score / penalty, score))
+            moves = [m for m in moves if m[2] != EOS and m[0] > -torch.inf]
+            pick = allocate([(m[0], rule.met(m[3])) for m in moves], k, rule.total + 1)
+            if len(found[i]) >= nbest:
+                found[i] = sorted(found[i], key=lambda h: -h.score)[:nbest]
+            if not pick or (len(found[i]) >= nbest and found[i][-1].score >= moves[pick[0]][0] / penalty):
+                continue  # done: no live beam can beat the nbest-th found
+            kept.append(s)
+            chosen = [moves[p] for p in pick] + [None] * (k - len(pick))
+            parents += [s * k + (m[1] if m else 0) for m in chosen]
+            tokens += [m[2] if m else EOS for m in chosen]
+            slots[s] = [Slot(m[0], row[m[1]].tokens + [m[2]], m[3]) if m else None for m in chosen]
+        if not kept:
+            break
+        sentences = None if len(kept) == len(active) else torch.tensor(kept, device=src.device)
+        slots, active = [slots[s] for s in kept], [active[s] for s in kept]
+        last = torch.tensor(tokens, device=src.device)
+        cache = cache.select(torch.tensor(parents, device=src.device), sentences)
+    results = []
+    for i in range(n):
+        placed = sorted(found[i], key=lambda h: -h.score)[:nbest]
+        rest = sorted(fallback[i], key=lambda m: (-m[0], -m[1].score))[:nbest - len(placed)]
+        results.append(placed + [h for _, h in rest])
+    return results
+
+
 def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Each sentence's 2k best continuations of its k beams (2k: at least k of them do not end in EOS), best
     first: their scores (n, 2k), the beam each continues and the token it adds.
@@ -289,34 +398,53 @@ def score_ids(model, srcs: list[list[int]], tgts: list[list[int]], device: torch
     return scores
 
 
-def search_lines(model, srcs: list[list[int] | None], opts: SearchOptions,
-                 device: torch.device) -> list[list[Hypothesis]]:
+def search_lines(model, srcs: list[list[int] | None], opts: SearchOptions, device: torch.device,
+                 constraints: Constraints | None = None) -> list[list[Hypothesis]]:
     """`translate_ids` of the sources that are not None, in order; an empty list for each None."""
     todo = [i for i, src in enumerate(srcs) if src is not None]
     results: list[list[Hypothesis]] = [[] for _ in srcs]
-    for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device), strict=True):
+    held = None if constraints is None else constraints.select(todo)
+    for i, hyps in zip(todo, translate_ids(model, [srcs[i] for i in todo], opts, device, held), strict=True):
         results[i] = hyps
     return results
 
 
-def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: torch.device) -> list[list[Hypothesis]]:
+def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: torch.device,
+                  constraints: Constraints | None = None) -> list[list[Hypothesis]]:
     """Search for every source (piece ids, no EOS); results in input order, `opts.nbest` per source. A model
-    that searches its own way has a `search` method and is asked; any other is searched here over its KV cache."""
+    that searches its own way has a `search` method and is asked; any other is searched here over its KV cache.
+
+    `constraints` (mt/decode/constrained.py): per source, the target phrases its translations must hold, e.g. a
+    glossary's terms (mt/decode/glossary.py); the sources with some are searched by `constrained_beam_search`, in
+    batches of their own, and the others as without. A model that searches its own way is asked with them only
+    when some source has any, and refuses them if it cannot honour them."""
+    if constraints is not None and not constraints:
+        constraints = None
     if hasattr(model, "search"):
-        return model.search(srcs, opts, device)
-    lengths = [len(s) + 1 for s in srcs]
+        return model.search(srcs, opts, device) if constraints is None else model.search(srcs, opts, device,
+                                                                                          constraints)
+    if constraints is not None and model.cfg.right_to_left:  # it writes the phrases last piece first too: what
+        # glues onto a phrase's end would come before it, unseen, so words are not kept whole
+        constraints = Constraints([[phrase[::-1] for phrase in phrases] for phrases in constraints.phrases])
     results: list[list[Hypothesis]] = [[] for _ in srcs]
-    for idx in batch_by_tokens(lengths, opts.batch_tokens):
-        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        with autocast(opts.precision, device), attention_kernels(device):
-            if opts.beam == 1 and opts.nbest == 1:
-                hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
-            else:
-                found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
-                hyps = [h[:opts.nbest] for h in beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a,
-                                                            opts.max_len_b, found)]
-        for i, h in zip(idx, hyps, strict=True):
-            results[i] = h
+    has = [constraints is not None and any(constraints.phrases[i]) for i in range(len(srcs))]
+    plain, held = [i for i in range(len(srcs)) if not has[i]], [i for i in range(len(srcs)) if has[i]]
+    for todo, constrained in ((plain, False), (held, True)):
+        for batch in batch_by_tokens([len(srcs[i]) + 1 for i in todo], opts.batch_tokens):
+            idx = [todo[b] for b in batch]
+            src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
+            found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
+            with autocast(opts.precision, device), attention_kernels(device):
+                if constrained:
+                    hyps = constrained_beam_search(model, src, constraints.select(idx), opts.beam, opts.len_penalty,
+                                                   opts.max_len_a, opts.max_len_b, found)
+                elif opts.beam == 1 and opts.nbest == 1:
+                    hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
+                else:
+                    hyps = beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b,
+                                       found)
+            for i, h in zip(idx, hyps, strict=True):
+                results[i] = h[:opts.nbest]
     if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them
         for hyps in results:
             for h in hyps:

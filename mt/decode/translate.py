@@ -6,9 +6,11 @@ report, `translate_lines` for tune and bench; training's validation searches wit
 input. Exactly one output line per input line: an empty or blank input line gives an empty output line, a line
 longer than the model allows is cut (with a warning on stderr), and control characters pass to SentencePiece,
 which maps what it does not know to <unk>. The attention option of the same stream decodes each chunk's best
-translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py). With --format,
-the input is a document, read whole: cut into sentences by mt/decode/documents.py, translated together by the
-same path (`translate_documents`), and put back together.
+translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py). A glossary
+(mt/decode/glossary.py) prepares each chunk's lines for the search, and each best translation is checked for its
+terms: a warning on stderr names a line that misses one. With --format, the input is a document, read whole: cut
+into sentences by mt/decode/documents.py, translated together by the same path (`translate_documents`), and put
+back together.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from mt.decode.alignments import alignments, heatmap, pair_attention, pharaoh, t
 from mt.decode.ctranslate2 import is_export
 from mt.decode.ctranslate2 import load as load_exported
 from mt.decode.documents import Document, Plan, finish, plan, read_document, splitter
+from mt.decode.glossary import Glossary, apply, check_method, default_method, missed, read_glossary, warn_missed
 from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
@@ -72,20 +75,32 @@ def run(request: TranslateRequest) -> None:
     With stdin a terminal and no file or attention asked for, translate interactively: a prompt on stderr,
     one line at a time, until Ctrl-D or Ctrl-C.
     """
+    glossary = glossary_option(request)  # before the model loads: a bad file is refused at once
     loaded, opts, device = load(request)
     if request.format != "lines":
         lines = list(read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True))
         [text] = translate_documents(loaded, [read_document(request.format, lines, str(request.input or "stdin"))],
-                                     opts, device)
+                                     opts, device, glossary)
         write_output([Translated(text.split("\n") if lines else [])], request.output, None, sys.stdout)
         return
     attention = attention_option(request, loaded, opts.nbest)
     if request.input is None and request.output is None and attention is None and sys.stdin.isatty():
-        interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors)
+        interactive(loaded, opts, device, sys.stdin.buffer, sys.stdout, sys.stderr, request.encoding_errors,
+                    glossary)
         return
     lines = read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True)
-    write_output(translations(loaded, lines, opts, device, attention), request.output, request.alignments,
+    write_output(translations(loaded, lines, opts, device, attention, glossary), request.output, request.alignments,
                  sys.stdout)
+
+
+def glossary_option(request: TranslateRequest) -> Glossary | None:
+    """The glossary of --glossary, to be placed by --glossary-method (default: the best the model can do)."""
+    exported = is_export(request.checkpoint)
+    if request.glossary is None:
+        if request.glossary_method is not None:
+            raise MtError("--glossary-method says how to place a glossary's terms: give --glossary FILE too")
+        return None
+    return read_glossary(request.glossary, check_method(request.glossary_method or default_method(exported), exported))
 
 
 def load(request: TranslateRequest) -> tuple[Loaded, SearchOptions, torch.device]:
@@ -169,7 +184,7 @@ def attention_option(request: TranslateRequest, loaded: Loaded, nbest: int) -> A
 
 
 def interactive(loaded: Loaded, opts: SearchOptions, device: torch.device, stdin: BinaryIO, stdout: TextIO,
-                stderr: TextIO, encoding_errors: str = "strict") -> None:
+                stderr: TextIO, encoding_errors: str = "strict", glossary: Glossary | None = None) -> None:
     """Translate each line as it is typed, until Ctrl-D or Ctrl-C; each line is a stream of its own (so that
     --nbest numbers every sentence 0), translated before the next prompt."""
     def ask() -> None:
@@ -178,7 +193,7 @@ def interactive(loaded: Loaded, opts: SearchOptions, device: torch.device, stdin
 
     try:
         for line in read_lines(stdin, encoding_errors, empty_ok=True, ask=ask):
-            write_output(translations(loaded, [line], opts, device), None, None, stdout)
+            write_output(translations(loaded, [line], opts, device, glossary=glossary), None, None, stdout)
     except KeyboardInterrupt:  # Ctrl-C quits as quietly as Ctrl-D
         pass
     stderr.write("\n")  # leave the shell's prompt on a line of its own
@@ -225,18 +240,22 @@ def translate_stream(loaded: Loaded, lines: Iterable[str], opts: SearchOptions, 
 
 
 def translations(loaded: Loaded, lines: Iterable[str], opts: SearchOptions, device: torch.device,
-                 attention: Attention | None = None) -> Iterator[Translated]:
+                 attention: Attention | None = None, glossary: Glossary | None = None) -> Iterator[Translated]:
     """The one stream: each input line's `Translated`, in input order; CHUNK_LINES lines are read, sorted by
-    length and searched together at a time."""
+    length and searched together at a time. With a glossary, a warning on stderr for each line whose best
+    translation misses a term of it."""
     if attention is not None and attention.heatmap_dir is not None:
         attention.heatmap_dir.mkdir(parents=True, exist_ok=True)
     for offset, chunk in chunks(lines, CHUNK_LINES):
-        srcs = encode_lines(loaded, chunk, offset)
-        results = search_lines(loaded.model, srcs, opts, device)
+        glossed = apply(glossary, chunk, loaded.tgt_tok)
+        srcs = encode_lines(loaded, glossed.lines, offset)
+        results = search_lines(loaded.model, srcs, opts, device, glossed.constraints)
         aligned = [""] * len(chunk)
         if attention is not None:
             aligned = attend(loaded, srcs, results, offset, attention, opts.batch_tokens)
         for i, (hyps, alignment) in enumerate(zip(results, aligned, strict=True)):
+            if glossed.terms:
+                warn_missed(offset + i + 1, glossed.missed(i, best_text(loaded, hyps)))
             yield Translated(render(loaded, offset + i, hyps, opts.nbest), alignment)
 
 
@@ -255,17 +274,23 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
 
 
 def translate_lines(loaded: Loaded, lines: list[str], opts: SearchOptions, device: torch.device,
-                    warn: TextIO | None = None) -> list[list[Hypothesis]]:
-    """Hypotheses for each line (an empty list for a blank line)."""
-    return search_lines(loaded.model, encode_lines(loaded, lines, 0, warn), opts, device)
+                    warn: TextIO | None = None, glossary: Glossary | None = None) -> list[list[Hypothesis]]:
+    """Hypotheses for each line (an empty list for a blank line), with `glossary`'s terms placed if given."""
+    glossed = apply(glossary, lines, loaded.tgt_tok)
+    return search_lines(loaded.model, encode_lines(loaded, glossed.lines, 0, warn), opts, device, glossed.constraints)
 
 
-def translate_documents(loaded: Loaded, documents: list[Document], opts: SearchOptions, device: torch.device
-                        ) -> list[str]:
-    """Each document translated: its sentences all searched together, each put back in its place."""
+def translate_documents(loaded: Loaded, documents: list[Document], opts: SearchOptions, device: torch.device,
+                        glossary: Glossary | None = None) -> list[str]:
+    """Each document translated: its sentences all searched together (with `glossary`'s terms placed in each),
+    each put back in its place. With a glossary, a warning names each sentence whose translation misses a term."""
     todo = plan_documents(loaded, documents)
-    results = translate_lines(loaded, todo.parts, opts, device)
-    return finish(todo, [render(loaded, i, hyps, 1)[0] for i, hyps in enumerate(results)])
+    results = translate_lines(loaded, todo.parts, opts, device, glossary=glossary)
+    texts = [render(loaded, i, hyps, 1)[0] for i, hyps in enumerate(results)]
+    if glossary is not None:
+        for i, (part, text) in enumerate(zip(todo.parts, texts, strict=True)):
+            warn_missed(i + 1, missed(glossary, part, text), unit="sentence")
+    return finish(todo, texts)
 
 
 def plan_documents(loaded: Loaded, documents: list[Document]) -> Plan:
@@ -310,6 +335,10 @@ def compiled(loaded: Loaded, opts: SearchOptions, device: torch.device) -> Loade
     # passes, each of which would otherwise walk them all (0.5 s on 2 cores) in the middle of translating.
     gc.freeze()
     return loaded
+
+
+def best_text(loaded: Loaded, hyps: list[Hypothesis]) -> str:
+    return loaded.tgt_tok.decode([hyps[0].tokens])[0] if hyps else ""
 
 
 def render(loaded: Loaded, index: int, hyps: list[Hypothesis], nbest: int) -> list[str]:

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from fastapi import FastAPI, Request
@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 from mt.decode.alignments import alignments as hard_alignments
 from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
 from mt.decode.documents import finish, read_document, splitter
+from mt.decode.glossary import Glossary, missed
 from mt.decode.load import Loaded
 from mt.decode.search import Hypothesis, SearchOptions
 from mt.decode.translate import compiled, encode_lines, load_any, plan_documents, translate_lines
@@ -38,7 +39,7 @@ from mt.device import pick_device
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
 from mt.serve.batcher import Batcher, QueueFull, Settings
-from mt.serve.checks import check_key, check_lines, header_key
+from mt.serve.checks import check_glossary, check_key, check_lines, header_key
 from mt.serve.errors import add_error_handlers
 from mt.serve.libretranslate import parse, respond
 from mt.serve.limits import protocol
@@ -92,11 +93,12 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
 def translator(loaded: Loaded, device: torch.device, precision: str):
     """What a model's worker calls: lines and decoding settings in, hypotheses per line out (as mt translate)."""
     def translate(lines: list[str], settings: Settings) -> list[list[Hypothesis]]:
-        beam, len_penalty, nbest = settings
+        beam, len_penalty, nbest, glossary = settings
         opts = SearchOptions.from_config(loaded.config.decode, beam=beam, len_penalty=len_penalty, nbest=nbest,
                                    precision=precision)
         opts.beam = max(opts.beam, opts.nbest)
-        return translate_lines(loaded, lines, opts, device, warn=io.StringIO())  # cut lines: no stderr per request
+        return translate_lines(loaded, lines, opts, device, warn=io.StringIO(),  # cut lines: no stderr per request
+                               glossary=glossary)
     return translate
 
 
@@ -109,6 +111,8 @@ class NativeRequest(BaseModel):
     scores: bool = False
     alignments: bool = False
     format: Literal["lines", "text", "html", "srt"] = "lines"  # lines: each text a line; else each a document
+    glossary: Any = None  # [{"source": ..., "target": ...}] or {source: target}, as checks.py's check_glossary says
+    glossary_method: Any = None  # constrain or replace; None: the best the model can do
 
 
 class AttentionRequest(BaseModel):
@@ -176,21 +180,29 @@ def add_translation_routes(app: FastAPI) -> None:
     async def native(body: NativeRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
+        glossary = check_glossary(body.glossary, body.glossary_method, "export" in served.loaded.state, options)
         if body.format != "lines":
             if body.nbest > 1 or body.scores or body.alignments:
                 raise ApiError(400, f"format {body.format} translates documents; nbest, scores and alignments are for "
                                     "format lines")
             texts = await translate_documents(app, request, served, body.text, body.format,
-                                              settings(served, body.beam, body.len_penalty), "v1")
-            return {"model": served.name, "translations": [{"text": text} for text in texts]}
+                                              settings(served, body.beam, body.len_penalty, glossary=glossary), "v1")
+            documents = [{"text": text} for text in texts]
+            if glossary is not None:
+                for one, terms in zip(documents, not_placed(glossary, body.text, documents), strict=True):
+                    one["glossary_missed"] = terms
+            return {"model": served.name, "translations": documents}
         check_lines(body.text, options)
         results = await translate(app, request, served, body.text,
-                                  settings(served, body.beam, body.len_penalty, body.nbest), "v1")
+                                  settings(served, body.beam, body.len_penalty, body.nbest, glossary), "v1")
         aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
             else None
-        return {"model": served.name, "translations": [
-            render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
-            for i, hyps in enumerate(results)]}
+        out = [render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
+               for i, hyps in enumerate(results)]
+        if glossary is not None:
+            for one, terms in zip(out, not_placed(glossary, body.text, out), strict=True):
+                one["glossary_missed"] = terms
+        return {"model": served.name, "translations": out}
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
@@ -205,18 +217,30 @@ def add_translation_routes(app: FastAPI) -> None:
         query = await parse(request)
         check_key(options, query.api_key or header_key(request))
         served = pick_by_languages(models, query.source, query.target)
+        glossary = check_glossary(query.glossary, query.glossary_method, "export" in served.loaded.state, options)
         if query.format == "html":
-            texts = await translate_documents(app, request, served, query.lines, "html", settings(served), "translate")
-            return respond(query, served.src, texts)
+            texts = await translate_documents(app, request, served, query.lines, "html",
+                                              settings(served, glossary=glossary), "translate")
+            return respond(query, served.src, texts, None if glossary is None else
+                           not_placed(glossary, query.lines, [{"text": text} for text in texts]))
         check_lines(query.lines, options)
-        results = await translate(app, request, served, query.lines, settings(served), "translate")
-        return respond(query, served.src, [render(served, hyps, 1, False)["text"] for hyps in results])
+        results = await translate(app, request, served, query.lines, settings(served, glossary=glossary), "translate")
+        out = [render(served, hyps, 1, False) for hyps in results]
+        return respond(query, served.src, [one["text"] for one in out],
+                       None if glossary is None else not_placed(glossary, query.lines, out))
 
 
-def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1) -> Settings:
+def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1,
+             glossary: Glossary | None = None) -> Settings:
     """A request's decoding settings: what it asks for, else the model's decode config."""
     decode = served.loaded.config.decode
-    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest
+    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest, glossary
+
+
+def not_placed(glossary: Glossary, lines: list[str], out: list[dict]) -> list[list[dict]]:
+    """Per line, the glossary's terms (as {"source", "target"}) that its best translation does not hold."""
+    return [[{"source": t.source, "target": t.target} for t in missed(glossary, line, one["text"])]
+            for line, one in zip(lines, out, strict=True)]
 
 
 async def translate_documents(app: FastAPI, request: Request, served: Served, texts: list[str], fmt: str,

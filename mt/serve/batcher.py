@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mt.decode.glossary import Glossary
 from mt.decode.search import Hypothesis
 
-Settings = tuple[int, float, int]  # beam, length penalty, n best: what requests batched together must share
+Settings = tuple[int, float, int, Glossary | None]  # beam, length penalty, n best, glossary: what a batch shares
 Translate = Callable[[list[str], Settings], list[list[Hypothesis]]]
 Outcome = tuple[Any, Exception | None]  # a request's result, or the error that is its answer instead
 REFILL = 0.25  # after a model call, how long to wait for its callers' next requests, as a share of the call's time

@@ -1,19 +1,24 @@
-"""What `mt serve` checks of a request before it queues it for a model: its API key, and its lines (how many, how
-long, and that they are text). Each request is judged alone, so nothing a client sends reaches the model call it
-would share with other clients' requests unless it can be translated. Also the keys themselves, read at start:
-asked for keys and given none, the server refuses to start rather than serve everyone.
+"""What `mt serve` checks of a request before it queues it for a model: its API key, its lines (how many, how
+long, and that they are text) and its glossary. Each request is judged alone, so nothing a client sends reaches the
+model call it would share with other clients' requests unless it can be translated. Also the keys themselves, read
+at start: asked for keys and given none, the server refuses to start rather than serve everyone.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 from pathlib import Path
+from typing import Any
 
 from fastapi import Request
 
 from mt.data.lines import read_text
+from mt.decode.glossary import Glossary, check_method, default_method, term
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
+
+MAX_TERMS = 1000  # per request's glossary
 
 
 def check_lines(lines: list[str], options: ServeOptions) -> None:
@@ -30,6 +35,51 @@ def check_lines(lines: list[str], options: ServeOptions) -> None:
             raise ApiError(400, f"line {i} holds a lone surrogate (U+{ord(line[error.start]):04X}) at character "
                                 f"{error.start + 1}: it is half of a UTF-16 pair, not text; send the whole "
                                 f"character, or drop it") from None
+
+
+def check_glossary(value: Any, method: Any, exported: bool, options: ServeOptions) -> Glossary | None:
+    """A request's `glossary`: a list of {"source": ..., "target": ...} or a mapping of source to target term (in a
+    form, either as a JSON string), none when absent; placed by `method` (`glossary_method`), by default the best
+    the model can do. ApiError 400 (413 past MAX_TERMS) naming the entry and the fix otherwise."""
+    if value is None:
+        if method is not None:
+            raise ApiError(400, "glossary_method says how to place a glossary's terms: send glossary too")
+        return None
+    if isinstance(value, str):  # a form's field
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ApiError(400, "glossary: not JSON: send a list of {\"source\": ..., \"target\": ...} or an "
+                                "object of source term to target term") from None
+    if isinstance(value, dict):
+        value = [{"source": source, "target": target} for source, target in value.items()]
+    if not isinstance(value, list):
+        raise ApiError(400, "glossary: send a list of {\"source\": ..., \"target\": ...} or an object of source "
+                            "term to target term")
+    if len(value) > MAX_TERMS:
+        raise ApiError(413, f"glossary: {len(value)} terms; the limit is {MAX_TERMS} a request")
+    terms = {}
+    for i, entry in enumerate(value, 1):
+        where = f"glossary term {i}"
+        if not isinstance(entry, dict) or set(entry) != {"source", "target"} \
+                or not all(isinstance(entry[k], str) for k in entry):
+            raise ApiError(400, f"{where}: send {{\"source\": \"...\", \"target\": \"...\"}}, two strings")
+        try:
+            found = term(entry["source"].strip(), entry["target"].strip(), where)
+        except MtError as error:
+            raise ApiError(400, str(error)) from None
+        if len(found.source) > options.max_chars or len(found.target) > options.max_chars:
+            raise ApiError(413, f"{where} is longer than a line may be ({options.max_chars} characters, --max-chars)")
+        if terms.get(found.source, found) != found:
+            raise ApiError(400, f"{where}: {found.source!r} is given twice with different targets: give each source "
+                                f"term one target term")
+        terms[found.source] = found
+    if method is not None and not isinstance(method, str):
+        raise ApiError(400, "glossary_method: constrain or replace")
+    try:
+        return Glossary(tuple(terms.values()), check_method(method or default_method(exported), exported))
+    except MtError as error:
+        raise ApiError(400, str(error).replace("--glossary-method", "glossary_method")) from None
 
 
 def header_key(request: Request) -> str | None:

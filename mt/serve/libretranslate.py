@@ -1,11 +1,13 @@
 """LibreTranslate's `POST /translate`, as its clients send it: JSON or a form, `q` a string or a list, `source`
 (or "auto"), `target`, `format` ("text": each `q` a line; "html": each a document, mt/decode/documents.py), and
-`api_key` in the body."""
+`api_key` in the body; and mt's own `glossary` (with `glossary_method`), as /v1/translate takes it, answered with
+`glossaryMissed`."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import Request
@@ -22,6 +24,8 @@ class Query:
     target: str
     api_key: str | None
     format: str = "text"
+    glossary: Any = None  # as sent: mt/serve/checks.py's check_glossary judges it
+    glossary_method: Any = None
 
 
 async def parse(request: Request) -> Query:
@@ -38,11 +42,14 @@ async def parse(request: Request) -> Query:
         raise ApiError(400, f"format {fmt!r} is not supported; send format=text or format=html")
     key = body.get("api_key")
     return Query([q] if single else q, single, body["source"], body["target"], key if isinstance(key, str) else None,
-                 fmt)
+                 fmt, body.get("glossary"), body.get("glossary_method"))
 
 
-def respond(query: Query, src: str, texts: list[str]) -> dict:
+def respond(query: Query, src: str, texts: list[str], missed: list[list[dict]] | None = None) -> dict:
+    """The answer; with a glossary, `glossaryMissed`: each line's terms its translation does not hold."""
     out: dict = {"translatedText": texts[0] if query.single else texts}
+    if missed is not None:
+        out["glossaryMissed"] = missed[0] if query.single else missed
     if query.source == "auto":  # as LibreTranslate reports a detection; here, the model's source language
         detected = {"confidence": 100.0, "language": src}
         out["detectedLanguage"] = detected if query.single else [detected] * len(texts)

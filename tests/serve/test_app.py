@@ -314,7 +314,7 @@ def test_a_request_whose_client_went_away_is_dropped_before_the_model_sees_it(ch
     from mt.serve.app import ApiError, translate
 
     app, served, inside, release, seen = held_and_watched(checkpoint)
-    settings = (4, 0.6, 1)
+    settings = (4, 0.6, 1, None)
 
     async def go():
         first = asyncio.create_task(translate(app, Client(False), served, ["der hund"], settings, "v1"))
