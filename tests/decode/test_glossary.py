@@ -149,3 +149,18 @@ def test_bad_glossaries_and_methods_are_refused_in_one_line_before_the_model_loa
                    "--glossary-method", "give --glossary FILE too")
     assert_refused(runner.invoke(app, ["translate", "-c", str(missing), "--glossary", str(write(tmp_path, "a\tb\n")),
                                        "--glossary-method", "guess"]), "--glossary-method")
+
+
+def test_a_document_takes_a_glossary_and_names_each_sentence_that_misses_a_term(model_path, tmp_path):
+    pytest.importorskip("sentencex")
+    page = tmp_path / "page.txt"
+    page.write_text("The cat sat on the mat. A big red dog runs under the tree.\n\nThe cats sat.\n", encoding="utf-8")
+    terms = write(tmp_path, "cat\tdog\n")
+    result = CliRunner().invoke(app, ["translate", "-c", str(model_path), "-i", str(page), "--format", "text",
+                                      "--glossary", str(terms), "--beam", "2"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("\n\n") == 1  # the two paragraphs, each translated in its place
+    first = result.stdout.split("\n\n")[0]
+    assert placed("dog", first) or "warning: sentence 1: glossary term not in the translation: cat → dog" \
+        in result.stderr
+    assert all(line.startswith("warning: sentence ") for line in result.stderr.splitlines())
