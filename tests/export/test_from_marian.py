@@ -281,11 +281,14 @@ def opus(tmp_path_factory) -> Path:
     return write_marian(root, Variant(), read("train.de"), read("train.en"))
 
 
-def changed(opus: Path, tmp_path: Path, config: dict | None = None, weights: dict | None = None) -> Path:
-    """A copy of the directory with config.json's keys and the weights changed (None: a key or weight removed)."""
+def changed(opus: Path, tmp_path: Path, config: dict | None = None, weights: dict | None = None,
+            vocab: dict | None = None) -> Path:
+    """A copy of the directory with config.json's keys, the weights and vocab.json's pieces (by id) changed."""
     from safetensors.torch import load_file, save_file
 
     directory = shutil.copytree(opus, tmp_path / "changed")
+    pieces = json.loads((directory / "vocab.json").read_text())
+    (directory / "vocab.json").write_text(json.dumps({(vocab or {}).get(i, p): i for p, i in pieces.items()}))
     raw = json.loads((directory / "config.json").read_text()) | (config or {})
     (directory / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not None}))
     tensors = load_file(str(directory / "model.safetensors")) | (weights or {})
@@ -312,13 +315,14 @@ REFUSED = {
     "heads per side": (dict(decoder_attention_heads=2), {}, "encoder_attention_heads 4 and decoder_attention_heads 2"),
     "unscaled tied embeddings": (dict(scale_embedding=False), {}, "scale_embedding false"),
     "a missing layer": (dict(encoder_layers=3), {}, "model.encoder.layers.2"),
+    "a multi-target model": ({}, {}, "a multi-target model", {5: ">>fra<<"}),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_what_mt_cannot_compute_is_refused_in_one_line_and_nothing_is_written(opus, tmp_path, case):
-    config, weights, phrase = REFUSED[case]
-    directory = changed(opus, tmp_path, config, weights)
+    config, weights, phrase, *vocab = REFUSED[case]
+    directory = changed(opus, tmp_path, config, weights, *vocab)
     assert_refused(cli("import", directory, "--out", tmp_path / "out" / "model.pt"), phrase)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
