@@ -355,7 +355,8 @@ def test_every_command_takes_an_imported_model_and_it_fine_tunes(opus, tmp_path)
     model, valid = tmp_path / "model.pt", corpus / "valid.de"
     result = cli("import", opus, "--out", model)
     assert result.exit_code == 0 and result.stdout.startswith(f"wrote {model}: de→en"), result.output
-    for args in (["info", model], ["score", "-c", model, "--src", valid, "--tgt", corpus / "valid.en", "-q"],
+    assert f"imported from {opus} (a Marian model" in cli("info", model).stdout
+    for args in (["score", "-c", model, "--src", valid, "--tgt", corpus / "valid.en", "-q"],
                  ["evaluate", "-c", model, "--src", valid, "--ref", corpus / "valid.en", "--beam", "2"],
                  ["tune", "-c", model, "--src", valid, "--ref", corpus / "valid.en", "--out", tmp_path / "tuned.pt",
                   "--beams", "1,2", "--len-penalties", "0,1", "-q"]):
