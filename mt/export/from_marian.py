@@ -70,8 +70,8 @@ def import_marian(directory: str | Path, out: str | Path, src: str | None = None
     weights = mt_weights(read_weights(files["weights"]), config, model, sides)
     model.output_bias = "output.bias" in weights
     cfg = Config(model=model)
-    if "generation" in files:
-        cfg.decode.beam = int(read_json(files["generation"]).get("num_beams") or cfg.decode.beam)
+    generation = read_json(files["generation"]) if "generation" in files else config  # older: in config.json
+    cfg.decode.beam = int(generation.get("num_beams") or cfg.decode.beam)
     transformer = Transformer(model)
     transformer.load_state_dict(weights)  # every weight of mt's model, each in its shape
     langs = {"src": src or tokenizer.get("source_lang"), "tgt": tgt or tokenizer.get("target_lang")}

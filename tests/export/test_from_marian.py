@@ -140,7 +140,7 @@ def train_marian(directory: Path, src_lines: list[str], tgt_lines: list[str], st
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def marian(request, tmp_path_factory) -> tuple[Path, Path, list[str], list[str]]:
-    """A random Marian directory, its import, and the source and target sentences to translate and score."""
+    """A Marian directory (its model trained for a moment), its import, and sentences to translate and score."""
     root = tmp_path_factory.mktemp("marian")
     corpus = write_corpus(root / "corpus")
     read = lambda name: (corpus / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
@@ -192,13 +192,24 @@ def test_logits_are_marians_on_a_padded_batch(marian):
     assert torch.equal(batch["input_ids"], as_marian.masked_fill(src == PAD, model.config.pad_token_id))
     tgt = pad(loaded.tgt_tok.encode(targets), [BOS], [])
     real, present = tgt != PAD, torch.tensor([i for i, marian in enumerate(ids["tgt"]) if marian >= 0])
-    marian_tgt = torch.tensor(ids["tgt"])[tgt].masked_fill(~real, model.config.pad_token_id)
-    marian_tgt[:, 0] = model.config.decoder_start_token_id  # mt's BOS: Marian's start token
+    marian_tgt = torch.tensor(ids["tgt"])[tgt].masked_fill(~real, model.config.pad_token_id)  # BOS: Marian's start
     with torch.no_grad():
         mine = loaded.model(src, tgt)[..., present]
         theirs = model(**batch, decoder_input_ids=marian_tgt, decoder_attention_mask=real.long()).logits
     assert (mine - theirs[..., torch.tensor(ids["tgt"])[present]])[real].abs().max() < 1e-4
     assert (loaded.model.output.bias[[i for i, marian in enumerate(ids["tgt"]) if marian < 0]] < -100).all()
+
+
+def test_its_ctranslate2_export_translates_as_mt_does(marian, tmp_path):
+    """Swish and the output bias reach CTranslate2 too."""
+    pytest.importorskip("ctranslate2")
+    _, path, lines, _ = marian
+    source = tmp_path / "valid.de"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert cli("export", path, "--to", "ctranslate2", "--out", tmp_path / "ct2").exit_code == 0
+    same = ["--input", source, "--beam", "4", "--len-penalty", "0"]
+    mine, theirs = cli("translate", "-c", path, *same), cli("translate", "-c", tmp_path / "ct2", *same)
+    assert mine.exit_code == theirs.exit_code == 0 and theirs.stdout == mine.stdout, mine.output + theirs.output
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
@@ -364,6 +375,8 @@ def test_every_command_takes_an_imported_model_and_it_fine_tunes(opus, tmp_path)
         assert result.exit_code == 0, f"{args[0]}: {result.output}"
     translated = cli("translate", "-c", model, "--input", valid, "--beam", "2")
     assert translated.exit_code == 0 and len(translated.stdout.splitlines()) == 10, translated.output
+    assert cli("ensemble", model, model, "--out", tmp_path / "twice.pt").exit_code == 0
+    assert cli("translate", "-c", tmp_path / "twice.pt", "--input", valid, "--beam", "2").stdout == translated.stdout
     assert cli("export", model, "--to", "huggingface", "--out", tmp_path / "hf").exit_code == 0
     from transformers import MarianMTModel, MarianTokenizer
 
@@ -387,3 +400,29 @@ def test_every_command_takes_an_imported_model_and_it_fine_tunes(opus, tmp_path)
     assert result.exit_code == 0, result.output
     tuned = checkpoint.load(tmp_path / "run" / "best.pt")
     assert tuned["init"]["from"] == str(model) and tuned["config"]["model"] == saved["model"]
+
+
+def test_mt_serve_serves_an_imported_model(opus, tmp_path):
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from mt.options import ServeOptions
+    from mt.serve.app import create_app, load_models
+
+    import_marian(opus, tmp_path / "model.pt")
+    options = ServeOptions()
+    server = create_app(load_models([tmp_path / "model.pt"], [], options), options)
+    lines = ["der hund sitzt", "die katze läuft unter dem baum"]
+
+    async def translate() -> list[str]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=server), base_url="http://mt") as client:
+            response = await client.post("/translate", json={"q": lines, "source": "de", "target": "en"})
+            assert response.status_code == 200, response.text
+            return response.json()["translatedText"]
+
+    source = tmp_path / "input.de"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    translated = cli("translate", "-c", tmp_path / "model.pt", "--input", source)
+    assert asyncio.run(translate()) == translated.stdout.splitlines()
