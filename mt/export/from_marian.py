@@ -163,7 +163,7 @@ def vocabularies(files: dict[str, Path], config: dict, tokenizer: dict) -> dict[
     tokens = {role: special_token(tokenizer, role, default) for role, default in
               (("unk", "<unk>"), ("eos", "</s>"), ("pad", "<pad>"))}
     vocab = read_vocab(files["vocab"], config["vocab_size"], tokens)
-    tags = [piece for piece in vocab if piece.startswith(">>") and piece.endswith("<<")]  # as MarianTokenizer finds them
+    tags = [piece for piece in vocab if piece.startswith(">>") and piece.endswith("<<")]  # MarianTokenizer's test
     if tags:
         raise MtError(f"vocab.json: {', '.join(tags[:3])}{' ...' if len(tags) > 3 else ''}: a multi-target model, "
                       f"which reads the tag of the language wanted before each sentence; mt cannot put it there yet")
