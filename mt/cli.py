@@ -301,6 +301,25 @@ def export(
     typer.echo(f"wrote {run(checkpoint, to, out, quantization, force)}")
 
 
+@app.command("import")
+def import_(
+    directory: Annotated[Path, typer.Argument(
+        help="A Hugging Face MarianMTModel directory, e.g. an OPUS-MT model: config.json, model.safetensors (or "
+             "pytorch_model.bin), source.spm, target.spm, vocab.json (and target_vocab.json with separate "
+             "vocabularies), tokenizer_config.json.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The mt checkpoint to write, outside the directory.")],
+    src: Annotated[str | None, typer.Option(
+        help="Source language code [default: tokenizer_config.json's source_lang].")] = None,
+    tgt: Annotated[str | None, typer.Option(
+        help="Target language code [default: tokenizer_config.json's target_lang].")] = None,
+) -> None:
+    """Import a Hugging Face MarianMTModel (an OPUS-MT model) as an mt checkpoint: the same model and pieces, which
+    every command takes, fine-tuning included (docs/finetune.md)."""
+    from mt.export.from_marian import import_marian, summary
+
+    typer.echo(summary(import_marian(directory, out, src, tgt), out))
+
+
 @app.command()
 def serve(
     checkpoints: Annotated[list[Path],

@@ -26,7 +26,7 @@ class ModelConfig:
     n_enc_layers: int = 6
     n_dec_layers: int = 6
     d_ff: int = 2048
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Literal["relu", "gelu", "swish"] = "relu"  # swish (SiLU): Marian's, that of most OPUS-MT models
     norm: Literal["post", "pre"] = "post"  # post-norm is the paper's; pre-norm trains deep stacks more stably
     dropout: float = 0.1  # on embeddings and every residual branch
     attn_dropout: float = 0.0  # on attention probabilities
@@ -36,6 +36,8 @@ class ModelConfig:
     tgt_vocab_size: int = 0
     share_embeddings: bool = True  # one table for source, target and output; needs a joint vocabulary
     tie_output: bool = True  # output projection = target embedding table
+    # A bias on the output layer, as Marian's models have (final_logits_bias); `mt import` sets it, mt's own have none
+    output_bias: bool = False
     # Generate the target last piece first (outputs are turned back before detokenizing): a second view of the
     # pair, to rerank a left-to-right model's n-best (benchmarks/rerank_valid.py)
     right_to_left: bool = False

@@ -32,6 +32,7 @@ def describe(checkpoint_path: str | Path) -> dict[str, Any]:
                        "joint": state["spm"]["src"] == state["spm"]["tgt"]},
         "metrics": dict(state.get("metrics") or {}),
         "initialized_from": state.get("init"),  # a fine-tuned run's starting checkpoint; None: from scratch
+        "imported_from": (state.get("imported") or {}).get("from"),  # `mt import`'s Marian directory
         "resumable": "train" in state,  # last.pt carries the optimizer state; best.pt does not
         "config": state["config"],
     }
@@ -61,7 +62,8 @@ def render(d: dict[str, Any], as_json: bool = False) -> str:
         ("channel", "{path} (step {step}; the reverse direction)".format(**d["metrics"]["channel"])
                     if "channel" in d["metrics"] else "none"),
         ("init", f"{d['initialized_from']['from']} (step {d['initialized_from']['step']:,}; fine-tuned from it)"
-                 if d.get("initialized_from") else "none (trained from scratch)"),
+                 if d.get("initialized_from") else f"imported from {d['imported_from']} (a Marian model, `mt import`)"
+                 if d.get("imported_from") else "none (trained from scratch)"),
         ("resumable", "yes (last.pt: training state included)" if d["resumable"] else "no (weights only)"),
     ]
     metrics = d["metrics"]

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mt.config import Config
 from mt.data.ids import Split
-from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer, same_pieces
 from mt.errors import MtError
 
 
@@ -161,8 +161,10 @@ def fit_vocab(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, joint: bool) 
             raise MtError(f"model.{key}={want} but the data in {cfg.data} has a vocabulary of {have}; "
                           f"remove model.{key} (it is taken from the data) or prepare the data again")
         setattr(model_cfg, key, have)
-    if model_cfg.share_embeddings and not joint:
-        model_cfg.share_embeddings = False  # separate vocabularies cannot share one table
+    # Separate vocabularies cannot share one table; two SentencePiece models of one vocabulary can (the same pieces,
+    # id for id, segmented each its own way: an imported OPUS-MT model's, `mt import`).
+    if model_cfg.share_embeddings and not (joint or same_pieces(src_tok, tgt_tok)):
+        model_cfg.share_embeddings = False
     if cfg.train.two_way and not joint:
         raise MtError(f"train.two_way: one model for both directions needs one joint vocabulary: prepare {cfg.data} "
                       "with --two-way and without --separate-vocab")

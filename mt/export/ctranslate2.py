@@ -23,7 +23,8 @@ from mt.data.tokenizer import Tokenizer
 from mt.model.transformer import sinusoids
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
-ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}  # GELU: erf, as nn.GELU
+ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,  # GELU: erf, as nn.GELU
+               "swish": common_spec.Activation.SWISH}
 
 
 class MtConverter(Converter):
@@ -101,7 +102,7 @@ def set_ffn(spec: transformer_spec.FeedForwardSpec, w: dict[str, np.ndarray], sc
 
 def set_linear(spec: common_spec.LinearSpec, w: dict[str, np.ndarray], scope: str) -> None:
     spec.weight = w[f"{scope}.weight"]
-    if f"{scope}.bias" in w:  # mt's output layer has none
+    if f"{scope}.bias" in w:  # mt's output layer has none but with model.output_bias
         spec.bias = w[f"{scope}.bias"]
 
 

@@ -78,7 +78,8 @@ def marian_weights(weights: dict[str, Tensor], m: ModelConfig) -> dict[str, Tens
     """mt's state dict under Marian's names, the model dimension permuted (see the module's docstring)."""
     p = permutation(m.d_model)
     w = {name: tensor.float() for name, tensor in weights.items()}
-    out = {"final_logits_bias": torch.zeros(1, m.tgt_vocab_size)}
+    bias = w.get("output.bias", torch.zeros(m.tgt_vocab_size))  # model.output_bias: an imported Marian model's
+    out = {"final_logits_bias": bias[None].contiguous()}
     if m.share_embeddings:
         out["model.shared.weight"] = w["src_embed.weight"][:, p]
     else:

@@ -61,14 +61,16 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, smoothing: float, ignore_
     return _SmoothedCrossEntropy.apply(logits, target, smoothing, ignore_index)
 
 
-def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, ignore_index: int = PAD) -> Tensor:
-    """`label_smoothed_nll(linear(hidden, weight), target, ...)`: hidden (N, D), weight (V, D), target (N,); the
-    fast path for `mt.model.transformer.output_loss`, with its signature.
+def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, bias: Tensor | None = None,
+                ignore_index: int = PAD) -> Tensor:
+    """`label_smoothed_nll(linear(hidden, weight, bias), target, ...)`: hidden (N, D), weight (V, D), target (N,);
+    the fast path for `mt.model.transformer.output_loss`, with its signature.
 
-    Fused on CPU in float32 (see the module docstring); everywhere else (GPU, autocast, torch.compile) the logits
-    are made whole, in float32, and given to `label_smoothed_nll`."""
-    if not plain_cpu_fp32(hidden, weight):
-        return label_smoothed_nll(linear(hidden, weight).float(), target, smoothing, ignore_index)
+    Fused on CPU in float32 (see the module docstring); everywhere else (GPU, autocast, torch.compile), and for an
+    output layer with a bias (model.output_bias, an imported Marian model's), the logits are made whole, in
+    float32, and given to `label_smoothed_nll`."""
+    if bias is not None or not plain_cpu_fp32(hidden, weight):
+        return label_smoothed_nll(linear(hidden, weight, bias).float(), target, smoothing, ignore_index)
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _FusedOutputLoss.apply(hidden, weight, target, smoothing, ignore_index, need_grad)
 

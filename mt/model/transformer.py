@@ -31,10 +31,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: floa
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=causal)
 
 
-def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float) -> Tensor:
+def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, bias: Tensor | None = None
+                ) -> Tensor:
     """The label-smoothed cross-entropy of the output layer's logits, summed over the non-padding targets:
-    hidden (N, D), weight (V, D), target (N,)."""
-    logits = F.linear(hidden, weight).float()  # (N, V)
+    hidden (N, D), weight (V, D), target (N,), bias (V,) or None."""
+    logits = F.linear(hidden, weight, bias).float()  # (N, V)
     return F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=smoothing, reduction="sum")
 
 
@@ -107,12 +108,15 @@ class CrossAttention(nn.Module):
         return self.out(merge_heads(y))
 
 
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}  # GELU: the exact (erf) one
+
+
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.up = nn.Linear(cfg.d_model, cfg.d_ff)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = nn.ReLU() if cfg.activation == "relu" else nn.GELU()
+        self.act = ACTIVATIONS[cfg.activation]()
         self.dropout = nn.Dropout(cfg.act_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -193,7 +197,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end un-normalised; post-norm ones already end in a LayerNorm.
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
         self.output_loss = output_loss  # attributes, so that mt.model.fast can swap in faster kernels
@@ -247,7 +251,7 @@ class Transformer(nn.Module):
         if target is None:
             return self.decode(tgt, memory, src_mask)
         h = self.decoder_states(tgt, memory, src_mask).flatten(0, 1)  # (B * T, D)
-        return self.output_loss(h, self.output.weight, target.reshape(-1), smoothing)
+        return self.output_loss(h, self.output.weight, target.reshape(-1), smoothing, bias=self.output.bias)
 
     def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None,
                     beam: int = 1) -> DecoderCache:

@@ -10,12 +10,14 @@ from mt.data.batches import (
     batch_by_tokens,
     collate,
     epoch_batches,
+    fit_vocab,
     step_batches,
     target_tokens,
     train_splits,
 )
 from mt.data.ids import Split
-from mt.data.tokenizer import BOS, EOS, PAD
+from mt.data.spm_proto import Piece, read_pieces, with_pieces
+from mt.data.tokenizer import BOS, EOS, PAD, Tokenizer
 
 from ..conftest import prepare_corpus
 
@@ -163,3 +165,16 @@ def test_on_a_gpu_every_training_batch_comes_in_a_few_shapes(prepared):
         assert y.tgt_in.size(1) % 8 == 0 or y.tgt_in.size(1) == cfg.model.max_len
         assert a.n_tokens == b.n_tokens
     assert len(rounded) < len(plain)
+
+
+def test_two_sentencepiece_models_of_one_vocabulary_keep_one_shared_table(tokenizer):
+    """Two files whose pieces are the same, id for id, with other scores (an imported OPUS-MT model's: `mt import`)
+    are one vocabulary: the model keeps one table. Other pieces are another vocabulary: two tables."""
+    pieces = read_pieces(tokenizer.model_proto)
+    rescored = Tokenizer(with_pieces(tokenizer.model_proto, pieces[:4] + [Piece(p.text, p.score - 1.0, p.type)
+                                                                           for p in pieces[4:]]))
+    swapped = Tokenizer(with_pieces(tokenizer.model_proto, pieces[:4] + pieces[5:6] + pieces[4:5] + pieces[6:]))
+    for target, shared in ((rescored, True), (swapped, False)):
+        cfg = Config()
+        fit_vocab(cfg, tokenizer, target, joint=False)
+        assert cfg.model.share_embeddings is shared

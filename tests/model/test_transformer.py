@@ -162,3 +162,27 @@ def test_the_training_loss_is_label_smoothed_cross_entropy_summed_over_real_targ
     logits = model(src, tgt_in)
     per_token = F.cross_entropy(logits.flatten(0, 1), target.flatten(), label_smoothing=smoothing, reduction="none")
     torch.testing.assert_close(loss, per_token[target.flatten() != PAD].sum())
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["plain", "for_training"])
+def test_an_output_bias_moves_the_logits_and_the_training_loss_with_them(fast):
+    """model.output_bias (an imported Marian model's): the bias is added to every logit, and training sees it."""
+    from mt.model.fast import for_training
+
+    plain = tiny_model(activation="swish")
+    model = tiny_model(activation="swish", output_bias=True)
+    missing, _ = model.load_state_dict(plain.state_dict(), strict=False)
+    assert missing == ["output.bias"]  # the one new weight
+    with torch.no_grad():
+        model.output.bias.copy_(torch.randn(model.cfg.tgt_vocab_size, generator=torch.Generator().manual_seed(2)))
+    model = for_training(model) if fast else model
+    src, tgt = random_batch(t=7)
+    tgt_in, target = tgt[:, :-1], tgt[:, 1:]
+    logits = model(src, tgt_in)
+    torch.testing.assert_close(logits, plain(src, tgt_in) + model.output.bias)
+    loss = model(src, tgt_in, target, 0.1)
+    expected = F.cross_entropy(logits.flatten(0, 1), target.flatten(), label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(loss, model.output.bias)
+    (want,) = torch.autograd.grad(expected, model.output.bias)
+    torch.testing.assert_close(grad, want)
