@@ -176,13 +176,13 @@ class Batcher:
         calls: list[tuple[int, int]] = []  # (requests, lines) of each model call that answered
         outcomes = [attempt(group[0].call)] if group[0].call is not None else self.translate_each(group, calls)
         waiting = len(self.waiting)
+        for requests, lines in calls:  # counted before anyone is answered: a caller's next look at /metrics sees it
+            self.stats.record(requests, lines)
         for pending, (part, error) in zip(group, outcomes, strict=True):
             if error is None:
                 pending.loop.call_soon_threadsafe(set_result, pending.future, part)
             else:
                 pending.loop.call_soon_threadsafe(set_exception, pending.future, error)
-        for requests, lines in calls:
-            self.stats.record(requests, lines)
         return waiting
 
     def translate_each(self, group: list[Pending], calls: list[tuple[int, int]]) -> list[Outcome]:
