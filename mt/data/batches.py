@@ -241,8 +241,9 @@ def shift_targets(tgts: list[np.ndarray | list[int]], multiple: int = 1, limit: 
     T rounded up to a multiple of `multiple` (within `limit`)."""
     # BOS ... EOS, one column more than the decoder reads: its input drops the last column, its output the first
     width = rounded(max(len(t) for t in tgts) + 1, multiple, limit) + 1
-    tgt = pad(tgts, [BOS], [EOS], 1, None)
-    tgt = torch.nn.functional.pad(tgt, (0, width - tgt.size(1)), value=PAD)
+    tgt = pad(tgts, [BOS], [EOS])
+    if width > tgt.size(1):  # rounded up: padding columns (no copy where nothing is added, as on a CPU)
+        tgt = torch.nn.functional.pad(tgt, (0, width - tgt.size(1)), value=PAD)
     tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:].clone()
     tgt_in[tgt_in == EOS] = PAD  # the EOS of shorter rows is not an input
     return tgt_in, tgt_out
