@@ -2,12 +2,12 @@
 
 A document is cut into units: a paragraph (lines between blank lines: a line break inside one is a soft wrap), a
 subtitle cue's text, the text of an HTML block (mt/decode/markup.py). Each unit is cut into sentences by sentencex,
-and the sentences of all the documents at hand are translated together, through the one path of
-mt/decode/translate.py (`Plan.parts` in, their translations to `finish`). Each translation takes its sentence's
-place; the whitespace between sentences, blank lines, cue numbers and timings, tags and attributes stay as they
-were. Nothing is cut off or dropped: a sentence longer than the model takes is cut at a safe point (punctuation,
-else a space) and its parts translated one by one; a sentence without a letter is kept as it is, and so is one
-the model translates to nothing.
+and again where the document shows a stop is missing (`missing_stops`); the sentences of all the documents at hand
+are translated together, through the one path of mt/decode/translate.py (`Plan.parts` in, their translations to
+`finish`). Each translation takes its sentence's place; the whitespace between sentences, blank lines, cue numbers
+and timings, tags and attributes stay as they were. Nothing is cut off or dropped: a sentence longer than the model
+takes is cut at a safe point (punctuation, else a space) and its parts translated one by one; a sentence without a
+letter is kept as it is, and so is one the model translates to nothing.
 
 Torch-free: the model's part comes in as `count` (source pieces per text) and `limit` (the most it takes).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ TIMING = re.compile(r"\s*\d+:\d\d:\d\d[,.]\d{1,3}\s*-->\s*\d+:\d\d:\d\d[,.]\d{1,
 MARKUP = r"(?:<[^<>]*>|\{[^{}]*\})"  # a subtitle's <i>, </font>, {\an8}
 LEADING_MARKUP = re.compile(rf"^(?:\s*{MARKUP})+")
 TRAILING_MARKUP = re.compile(rf"(?:{MARKUP}\s*)+$")
+WORD = re.compile(r"\S+")
+STARTER_MIN = 3  # sentences a word must start in a document before a missing stop is seen in front of it ...
+STARTER_RATIO = 2  # ... and how many times as often as it stands capitalized inside one
 
 
 @dataclass
@@ -92,7 +96,9 @@ def plan(documents: list[Document], lang: str, count: Callable[[list[str]], list
     sentence with a letter in it, its whitespace runs made single spaces, cut (`fit`) where it is longer than
     `limit` pieces (as `count` counts them)."""
     segment, parts = splitter(), []
-    sentences = [[[Sentence(s, e, unit[s:e]) for s, e in split_sentences(unit, lang, segment)] for unit in doc.units]
+    sentences = [[[Sentence(s, e, unit[s:e]) for s, e in spans] for unit, spans in
+                  zip(doc.units, missing_stops(doc.units, [split_sentences(unit, lang, segment) for unit in doc.units]),
+                      strict=True)]
                  for doc in documents]
     todo = [s for doc in sentences for unit in doc for s in unit if any(c.isalpha() for c in s.text)]
     sources = [" ".join(s.text.split()) for s in todo]
@@ -130,6 +136,41 @@ def split_sentences(text: str, lang: str, segment: Callable[[str, str], list[str
             spans.append((start, end))
         pos += len(piece)
     return spans
+
+
+def missing_stops(units: list[str], spans: list[list[tuple[int, int]]]) -> list[list[tuple[int, int]]]:
+    """The sentence `spans` of a document's `units`, also cut where a stop is missing: before a word that, in this
+    document, starts sentences (at least STARTER_MIN, and STARTER_RATIO times as often as it stands capitalized
+    inside one) and is otherwise written in lower case (`Eine`: `eine`), after a word ending in a letter or digit.
+
+    Captions and headings often end without a stop (`Ein Mann schläft Eine Frau liest.`), and a model translates
+    two sentences run together badly, dropping half. This is the orthographic evidence of Punkt (Kiss and Strunk,
+    2006), learned from the document itself: a name or a German noun is never written in lower case, so never cut
+    before; a language without case is never cut.
+    """
+    words = [[[(m.start(), m.end()) for m in WORD.finditer(unit, s, e)] for s, e in unit_spans]
+             for unit, unit_spans in zip(units, spans, strict=True)]
+    starts, inside = Counter(), Counter()
+    for unit, unit_words in zip(units, words, strict=True):
+        for sentence in unit_words:
+            starts[unit[slice(*sentence[0])]] += 1
+            inside.update(unit[slice(*w)] for w in sentence[1:])
+    lowered = {w for w in inside if w[:1].islower()}
+
+    def starter(word: str) -> bool:
+        return (word[:1].isupper() and word.lower() in lowered and starts[word] >= STARTER_MIN
+                and inside[word] * STARTER_RATIO <= starts[word])
+
+    def cut(unit: str, sentence: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        out, begin = [], sentence[0][0]
+        for (_, before), (start, end) in itertools.pairwise(sentence):
+            if unit[before - 1].isalnum() and starter(unit[start:end]):
+                out.append((begin, before))
+                begin = start
+        return [*out, (begin, sentence[-1][1])]
+
+    return [[span for sentence in unit_words for span in cut(unit, sentence)]
+            for unit, unit_words in zip(units, words, strict=True)]
 
 
 def fit(sentence: str, limit: int, count: Callable[[list[str]], list[int]]) -> list[str]:

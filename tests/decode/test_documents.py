@@ -52,6 +52,20 @@ def test_a_long_sentence_is_cut_at_punctuation_then_at_spaces_and_nothing_is_los
     assert fit("abcdefghij", 3, lambda texts: [len(t) for t in texts]) == ["ab", "cde", "fg", "hij"]  # no space
 
 
+
+def test_a_missing_stop_is_seen_where_the_document_starts_sentences_with_the_next_word():
+    text = ("Ein Mann schläft. Ein Hund sieht ein Kind. Ein Kind rennt. Anna singt. Anna lacht. Anna tanzt.\n\n"
+            "Zwei Männer in einer Stadt Ein Mann hebt die Hand. Ein Vogel singt, Ein Lied. Frau Anna liest.")
+    _, parts = translated("text", text)
+    # "Ein" starts four sentences, stands capitalized inside two and is written "ein" inside one: a caption
+    # without its stop ends before it; not after a comma, and never before a name, which is never in lower case.
+    assert parts == ["Ein Mann schläft.", "Ein Hund sieht ein Kind.", "Ein Kind rennt.", "Anna singt.",
+                     "Anna lacht.", "Anna tanzt.", "Zwei Männer in einer Stadt", "Ein Mann hebt die Hand.",
+                     "Ein Vogel singt, Ein Lied.", "Frau Anna liest."]
+    _, parts = translated("text", text.replace("Ein Kind rennt.", "Der Kind rennt."))
+    # Three starts against two capitalized uses inside are not evidence enough.
+    assert "Zwei Männer in einer Stadt Ein Mann hebt die Hand." in parts
+
 SENTENCE = st.builds(lambda ws, end: " ".join(ws) + end,
                      st.lists(st.sampled_from("the cat dog sat ran on a big mat 3 e.g. über Straße".split()),
                               min_size=1, max_size=12),
