@@ -4,7 +4,7 @@ Each system gets the preset architecture (random weights, vocabulary 8000, tied 
 source sentences and a fixed output length, then translates them in batches; throughput counts the output
 tokens each system really produced. Needs the optional extra: `pip install -e '.[bench]'`.
 
-    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8]
+    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8] [--compile]
 
 Prints one JSON object per system and a ratio line.
 """
@@ -25,7 +25,7 @@ from mt.data.batches import pad
 from mt.data.tokenizer import EOS
 from mt.decode.search import beam_search, greedy
 from mt.memory import keep_freed_memory
-from mt.model.fast import for_inference
+from mt.model.fast import compile_decoding, for_inference
 
 
 def timed(run, runs: int) -> float:
@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--int8", action="store_true", help="also time int8: mt dynamic quantization vs CT2 int8")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--compile", action="store_true", help="mt's decoding step compiled, as mt translate --compile")
     args = ap.parse_args()
     keep_freed_memory()  # as `mt` sets it, for all systems: they share this process
     torch.set_num_threads(args.threads)
@@ -104,6 +105,8 @@ def main() -> None:
 
     for precision in ("fp32", "int8") if args.int8 else ("fp32",):
         model = for_inference(preset_model(args.preset), precision)
+        if args.compile:
+            compile_decoding(model)  # compiled in `timed`'s untimed first run
         produced = []
 
         def run_mt(model=model, produced=produced) -> None:
