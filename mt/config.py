@@ -57,6 +57,9 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0  # decoupled (AdamW): each step shrinks the weights by lr * weight_decay
     label_smoothing: float = 0.1
+    # Epochs trained without dropout before the model's dropout rates apply (late dropout): a short budget learns
+    # faster without it, a long one still needs it; 0: dropout from the start
+    late_dropout: int = 0
     # One model for both directions: every epoch reads each pair both ways, each source led by the tag of the
     # language it is to be translated into (>>de<<); needs data prepared with `mt prepare --two-way`
     two_way: bool = False
@@ -281,6 +284,8 @@ def validate(cfg: Config) -> None:
                       "train.members of 2 or more and a left-to-right model (model.right_to_left: false)")
     if cfg.train.patience < 0:
         raise MtError(f"train.patience={cfg.train.patience}: must be 0 (never stop early) or more")
+    if cfg.train.late_dropout < 0:
+        raise MtError(f"train.late_dropout={cfg.train.late_dropout}: must be 0 (dropout from the start) or more")
 
 
 def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:

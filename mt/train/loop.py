@@ -43,7 +43,7 @@ from mt.train import distributed
 from mt.train.finetune import NOT_WITH_RESUME, load_init
 from mt.train.log import Interval, Pace, RunLog
 from mt.train.members import member_dirs, train_members
-from mt.train.optim import adam, step_rate
+from mt.train.optim import LateDropout, adam, step_rate
 from mt.train.resume import check_same_vocabulary, restore_rng, rng_state
 from mt.train.state import Position, Run, TrainState
 from mt.train.stopping import (
@@ -193,6 +193,7 @@ def loop(run: Run, state: TrainState) -> dict:
     bar = run.log.progress_bar(train_cfg.max_steps, pos.step)
     interval = Interval(torch.zeros((), device=device))
     pace = Pace(train_cfg.max_minutes, train_cfg.max_steps, epoch_tokens(run.train_data, run.cfg.model.max_len))
+    late_dropout = LateDropout(state.model, train_cfg.late_dropout)
     bad_steps = 0  # skipped steps in a row
     state.started = time.time()
     try:
@@ -205,6 +206,7 @@ def loop(run: Run, state: TrainState) -> dict:
             if finished(train_cfg, pos):  # the data has moved on to an epoch past train.max_epochs
                 break
             lr = step_rate(train_cfg, pos.step, state.elapsed())
+            late_dropout.at(pos.epoch)
             loss, applied = train_step(state.wrapped, state.optimizer, state.scaler,
                                        [b.to(device) for b in data.batches], run.cfg, device, run.amp_dtype, lr,
                                        data.n_tokens, state.ddp)

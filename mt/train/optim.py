@@ -1,12 +1,15 @@
-"""The optimizer and its learning-rate schedule: Adam, warmup + inverse-sqrt decay, an optional linear cooldown."""
+"""The optimizer and its schedules: Adam; the learning rate's warmup, inverse-sqrt decay and optional linear
+cooldown; late dropout."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from torch import nn
 
 from mt.config import TrainConfig
+from mt.model.transformer import CrossAttention, SelfAttention
 from mt.train import distributed
 
 
@@ -47,3 +50,24 @@ def step_rate(train_cfg: TrainConfig, step: int, elapsed: float) -> float:
     """The learning rate of the update after `step`: the schedule, times the cooldown's factor."""
     return learning_rate(step + 1, train_cfg.lr, train_cfg.warmup) * cooldown_factor(
         budget_progress(train_cfg, step, elapsed), train_cfg.cooldown)
+
+
+class LateDropout:
+    """Late dropout (Liu et al., 2023): the first `train.late_dropout` epochs train without dropout, then the
+    model's own rates apply. A budget that shows the data a few times (a slow machine's 10 minutes) learns faster
+    without dropout; one that shows it many times still needs it against overfitting, and gets it."""
+
+    def __init__(self, model: nn.Module, epochs: int):
+        self.epochs = epochs
+        self.rates = {(m, "p"): m.p for m in model.modules() if isinstance(m, nn.Dropout)}
+        self.rates.update({(m, "dropout"): m.dropout for m in model.modules()
+                           if isinstance(m, (SelfAttention, CrossAttention))})
+        self.on: bool | None = None
+
+    def at(self, epoch: int) -> None:
+        """Sets every dropout of the model for training in `epoch` (0-based)."""
+        on = epoch >= self.epochs
+        if on != self.on:
+            for (module, name), rate in self.rates.items():
+                setattr(module, name, rate if on else 0.0)
+            self.on = on

@@ -122,6 +122,15 @@ def test_resumed_run_ends_with_the_same_weights(prepared, tmp_path, written_by):
     assert a["train"]["position"] == b["train"]["position"] | {"elapsed": a["train"]["position"]["elapsed"]}
 
 
+
+def test_a_run_with_late_dropout_trains_its_first_epochs_as_a_run_without_dropout(prepared, tmp_path):
+    train_run(small_config(prepared, max_steps=12, late_dropout=100), tmp_path / "late")  # dropout 0.1, late
+    without = small_config(prepared, max_steps=12)
+    without.model.dropout = 0.0
+    train_run(without, tmp_path / "without")
+    assert_same_weights(checkpoint.load(tmp_path / "late" / "last.pt")["model"],
+                        checkpoint.load(tmp_path / "without" / "last.pt")["model"])
+
 def test_a_run_that_kept_a_moving_average_goes_on_from_its_raw_weights(prepared, tmp_path, capsys, monkeypatch):
     # train.ema is gone; a run written with it resumes from the raw weights, and its best score (the average's)
     # no longer counts.

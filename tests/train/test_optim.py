@@ -1,8 +1,10 @@
 import pytest
 import torch
+from torch import nn
 
-from mt.config import TrainConfig
-from mt.train.optim import adam, cooldown_factor, learning_rate
+from mt.config import ModelConfig, TrainConfig
+from mt.model.transformer import CrossAttention, SelfAttention, Transformer
+from mt.train.optim import LateDropout, adam, cooldown_factor, learning_rate
 
 
 def test_learning_rate_warms_up_then_decays_as_inverse_sqrt():
@@ -31,3 +33,22 @@ def test_weight_decay_shrinks_each_weight_by_lr_times_decay_whatever_the_gradien
     optimizer.step()
     adam_step = 0.1  # Adam's first step is lr * sign(gradient)
     torch.testing.assert_close(w.detach(), torch.full((3,), 2.0 * (1 - 0.1 * 0.5) - adam_step))
+
+
+def test_late_dropout_turns_every_dropout_off_for_its_epochs_then_back_to_the_models_rates():
+    model = Transformer(ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64, dropout=0.3,
+                                    attn_dropout=0.2, act_dropout=0.1, src_vocab_size=20, tgt_vocab_size=20))
+
+    def rates() -> set[float]:
+        return ({m.p for m in model.modules() if isinstance(m, nn.Dropout)}
+                | {m.dropout for m in model.modules() if isinstance(m, (SelfAttention, CrossAttention))})
+
+    late = LateDropout(model, 2)
+    late.at(0)
+    assert rates() == {0.0}
+    late.at(1)
+    assert rates() == {0.0}
+    late.at(2)
+    assert rates() == {0.3, 0.2, 0.1}
+    LateDropout(model, 0).at(0)
+    assert rates() == {0.3, 0.2, 0.1}
