@@ -6,6 +6,7 @@ BIN    := $(VENV)/bin
 export MT_MIRROR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 
 DATA   := data/prepared/multi30k_de_en
+DEMO_DATA := data/prepared/multi30k_de_en_4k
 RUN    := runs/demo
 
 .PHONY: install test browser-test demo recipe bench bench-compare gpu-check gpu-bench lint clean
@@ -38,9 +39,9 @@ lint: install
 	$(BIN)/ruff check mt tests
 
 demo: install
-	$(BIN)/mt prepare multi30k --src de --tgt en --out $(DATA)
-	$(BIN)/mt train configs/demo.yaml --out $(RUN) --set data=$(DATA)
-	$(BIN)/mt evaluate --checkpoint $(RUN)/best.pt --src $(DATA)/test.src.txt --ref $(DATA)/test.tgt.txt
+	$(BIN)/mt prepare multi30k --src de --tgt en --vocab-size 4000 --out $(DEMO_DATA)
+	$(BIN)/mt train configs/demo.yaml --out $(RUN) --set data=$(DEMO_DATA)
+	$(BIN)/mt evaluate --checkpoint $(RUN)/best.pt --src $(DEMO_DATA)/test.src.txt --ref $(DEMO_DATA)/test.tgt.txt
 	@echo "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche." | $(BIN)/mt translate --checkpoint $(RUN)/best.pt
 
 # A results recipe, NAME=CORPUS_SRC_TGT with configs/NAME.yaml (e.g. NAME=multi30k_en_de): prepare, train (or
