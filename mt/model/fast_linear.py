@@ -1,11 +1,12 @@
 """Linear layers on the fastest fp32 matrix-multiply kernel of this CPU (a fast path of mt/model/fast.py).
 
 PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
-Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it. `Linear` is an `nn.Linear` (same
-parameters, same checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on such CPUs:
-AVX-512 and not Intel. The choice is a fact of the machine, not a timing, so every process on it computes the
-same numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes,
-`torch.compile`, Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
+Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it, and its AVX2 code multiplies the
+model's matrices faster than MKL's too (docs/performance.md). `Linear` is an `nn.Linear` (same parameters, same
+checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on x86 CPUs that are not Intel's and
+have AVX2 or AVX-512. The choice is a fact of the machine, not a timing, so every process on it computes the same
+numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`,
+Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
 """
@@ -44,7 +45,7 @@ def use_onednn() -> bool:
         return False
     if choice != "auto":
         return choice == "onednn"
-    return cpu_vendor() not in ("GenuineIntel", "") and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return cpu_vendor() not in ("GenuineIntel", "") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 class OneDnnLinear(torch.autograd.Function):
