@@ -95,11 +95,11 @@ def plan(documents: list[Document], lang: str, count: Callable[[list[str]], list
     """Each unit of `documents` cut into sentences (sentencex's rules for `lang`), and the parts to translate: each
     sentence with a letter in it, its whitespace runs made single spaces, cut (`fit`) where it is longer than
     `limit` pieces (as `count` counts them)."""
-    segment, parts = splitter(), []
-    sentences = [[[Sentence(s, e, unit[s:e]) for s, e in spans] for unit, spans in
-                  zip(doc.units, missing_stops(doc.units, [split_sentences(unit, lang, segment) for unit in doc.units]),
-                      strict=True)]
-                 for doc in documents]
+    segment, parts, sentences = splitter(), [], []
+    for doc in documents:
+        spans = missing_stops(doc.units, [split_sentences(unit, lang, segment) for unit in doc.units])
+        sentences.append([[Sentence(s, e, unit[s:e]) for s, e in unit_spans]
+                          for unit, unit_spans in zip(doc.units, spans, strict=True)])
     todo = [s for doc in sentences for unit in doc for s in unit if any(c.isalpha() for c in s.text)]
     sources = [" ".join(s.text.split()) for s in todo]
     for sentence, source, pieces in zip(todo, sources, count(sources), strict=True):
