@@ -41,7 +41,7 @@ import mt.model.fast_loss
 from mt.device import native_bf16
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
-from mt.model.fast_linear import Linear, onednn_linear, prefers_onednn, use_onednn
+from mt.model.fast_linear import Linear, onednn_linear, onednn_pays, prefers_onednn, use_onednn
 from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -217,7 +217,8 @@ class FrozenLinear(nn.Module):
 
     F.linear multiplies by the transpose of an (out, in) weight; on CPU, MKL runs the small matrices of
     step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is the faster
-    kernel (see mt/model/fast_linear.py), fp32 goes through it instead, as fast with this layout.
+    kernel (see mt/model/fast_linear.py) and the product is large enough for it to pay, fp32 goes through it
+    instead, as fast with this layout.
     """
 
     def __init__(self, layer: nn.Linear):
@@ -226,8 +227,8 @@ class FrozenLinear(nn.Module):
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        if prefers_onednn(x, self.weight_t):  # a frozen layer has no gradient: the kernel, without autograd
-            return onednn_linear(x, self.weight_t.t(), self.bias)
         flat = x.reshape(-1, x.size(-1))
+        if prefers_onednn(x, self.weight_t) and onednn_pays(flat.size(0), self.weight_t):
+            return onednn_linear(x, self.weight_t.t(), self.bias)  # a frozen layer has no gradient: no autograd
         y = flat @ self.weight_t if self.bias is None else torch.addmm(self.bias, flat, self.weight_t)
         return y.view(*x.shape[:-1], y.size(-1))

@@ -6,7 +6,8 @@ model's matrices faster than MKL's too (docs/performance.md). `Linear` is an `nn
 checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on x86 CPUs that are not Intel's and
 have AVX2 or AVX-512. The choice is a fact of the machine, not a timing, so every process on it computes the same
 numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`,
-Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
+Intel CPUs, where MKL has its AVX-512 code) is `F.linear`. Decoding's products of a few rows are the exception
+(`onednn_pays`): oneDNN's fixed cost per call outweighs its faster kernel there, and MKL takes them.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
 """
@@ -86,6 +87,18 @@ def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:
     """fp32 on CPU, outside autocast and torch.compile: where mt's own CPU kernels apply."""
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+# The smallest product, in rows and in multiply-adds (rows x in x out), for which oneDNN beats MKL in decoding, by
+# the CPU's vector width: measured on Zen 5 natively and capped to AVX2 (docs/performance.md).
+ONEDNN_MIN_PRODUCT = {"AVX512": (4, 1_000_000), "AVX2": (8, 8_000_000)}
+
+
+def onednn_pays(rows: int, weight: Tensor) -> bool:
+    """Whether oneDNN is the faster kernel for `rows` inputs against `weight`: not for the few rows of a decoding
+    step, where its cost per call (~10 µs) outweighs the work."""
+    min_rows, min_macs = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (0, 0))
+    return rows >= min_rows and rows * weight.numel() >= min_macs
 
 
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:

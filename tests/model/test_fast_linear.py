@@ -102,3 +102,22 @@ def test_a_wrong_kernel_override_is_refused_with_the_choices(monkeypatch):
             use_onednn()
     finally:
         use_onednn.cache_clear()
+
+
+@onednn
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capability):
+    """oneDNN's fixed cost per call outweighs its faster kernel on a lone sentence's step: those products go to MKL,
+    a batch's to oneDNN, and both compute the layer."""
+    force_cpu_matmul(monkeypatch, "onednn")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    calls = []
+    monkeypatch.setattr(mt.model.fast, "onednn_linear", lambda *args: calls.append(args) or F.linear(*args))
+    plain = nn.Linear(512, 2048)
+    frozen = mt.model.fast.FrozenLinear(plain)
+    for rows, kernel in ((1, "mkl"), (2, "mkl"), (64, "onednn")):
+        x = torch.randn(rows, 1, 512)
+        calls.clear()
+        with torch.no_grad():
+            torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
+        assert ("onednn" if calls else "mkl") == kernel
