@@ -17,8 +17,8 @@ Training (`for_training`):
 Decoding (`for_inference`):
 - `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches.
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
-- int8 (a precision, not only a fast path): dynamically quantized linears; `Bf16Linear` for the output layer
-  where the CPU multiplies bf16 in hardware.
+- int8 (a precision, not only a fast path): dynamically quantized linears, the output layer too, a scale per
+  output channel.
 - `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused.
 
 Switches (environment variables):
@@ -34,11 +34,9 @@ import warnings
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mt.model.fast_loss
-from mt.device import native_bf16
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
 from mt.model.fast_linear import Linear, onednn_linear, onednn_pays, prefers_onednn, use_onednn
@@ -82,8 +80,8 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     """The model to decode with, in eval mode and changed in place (it can no longer be trained): its linear
     layers frozen (`FrozenLinear`), or int8 dynamically quantized, and plain-matmul attention in decoding steps.
 
-    int8 quantizes every linear layer's weights but the output layer's once and each activation on the fly (CPU
-    only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch,
+    int8 quantizes every linear layer's weights once, a scale per output channel, and each activation on the fly
+    (CPU only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch,
     so an int8 translation may change slightly with the sentences batched beside it; fp32 translates a sentence
     the same alone or in any batch.
     """
@@ -92,8 +90,6 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     fast = enabled()
     if precision == "int8":
         model = quantize_int8(model)
-        if fast and native_bf16():
-            model.output = Bf16Linear(model.output)
     if fast:
         swap_children(model, lambda child: FrozenLinear(child) if type(child) in (nn.Linear, Linear) else None)
         set_attention(model, attention, matmul_attention)
@@ -111,9 +107,7 @@ def fast_paths(model: nn.Module) -> list[str]:
     if FrozenLinear in kinds:
         found.append("linear: frozen, weights transposed")
     if any(kind.__module__.startswith("torch.ao.nn.quantized") for kind in kinds):
-        found.append("linear: int8, dynamically quantized")
-    if Bf16Linear in kinds:
-        found.append("output layer: bf16 (multiplied in hardware)")
+        found.append("linear: int8 per output channel, dynamically quantized")
     if Dropout in kinds:
         found.append("dropout: 16-bit masks")
     if layers and layers[0].attend is cpu_training_attention:
@@ -139,15 +133,18 @@ def compile_decoding(model: nn.Module) -> nn.Module:
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """The model with every linear layer but the output layer dynamically quantized to int8, in place."""
+    """The model with every linear layer dynamically quantized to int8, in place.
+
+    Each output channel (a row of the weight) gets its own scale: the output layer's rows are the target pieces'
+    embeddings, whose norms differ by piece, and one scale for all of them cost BLEU (docs/performance.md)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor; it still works
-        # The output projection is not quantized: it decides every token, and int8 there cost the most BLEU.
-        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "output"}
+        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         for name in linears:  # the quantizer takes nn.Linear itself, not subclasses like mt.model.fast_linear's Linear
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, relinked(model.get_submodule(name), nn.Linear))
-        return torch.ao.quantization.quantize_dynamic(model, linears, dtype=torch.qint8, inplace=True)
+        per_channel = torch.ao.quantization.per_channel_dynamic_qconfig
+        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(linears, per_channel), inplace=True)
 
 
 def swap_children(model: nn.Module, swap: Callable[[nn.Module], nn.Module | None]) -> None:
@@ -196,20 +193,6 @@ def cpu_training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
             p_drop > 0.0 or q.dtype != torch.float32 or k.size(-2) <= 64):
         return matmul_attention(q, k, v, mask, p_drop, causal)
     return attention(q, k, v, mask, p_drop, causal)
-
-
-class Bf16Linear(nn.Module):
-    """nn.Linear for inference in bf16 (fp32 accumulation), returning fp32: the int8 model's output layer on CPUs
-    that multiply bf16 in hardware, where it is faster than fp32 and its logits are good to about three
-    significant digits."""
-
-    def __init__(self, layer: nn.Linear):
-        super().__init__()
-        self.register_buffer("weight", layer.weight.detach().to(torch.bfloat16))
-        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().to(torch.bfloat16))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x.to(torch.bfloat16), self.weight, self.bias).float()
 
 
 class FrozenLinear(nn.Module):

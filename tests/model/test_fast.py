@@ -16,7 +16,6 @@ from mt.decode.search import SearchOptions, beam_search, greedy
 from mt.decode.translate import compiled, translate_lines
 from mt.errors import MtError
 from mt.model.fast import (
-    Bf16Linear,
     FrozenLinear,
     cpu_training_attention,
     for_inference,
@@ -189,19 +188,19 @@ def test_int8_model_stays_close_to_fp32():
     assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
 
 
-@pytest.mark.parametrize("bf16", [True, False])
-def test_int8_output_layer_is_bf16_only_on_cpus_that_multiply_bf16(monkeypatch, bf16):
-    monkeypatch.setattr(mt.model.fast, "native_bf16", lambda: bf16)  # which CPUs count: tests/model/test_fast_linear.py
+def test_int8_scores_every_piece_closely_even_where_the_output_rows_differ_in_scale():
+    """The output layer is quantized too, a scale per row: pieces whose embeddings are small keep their logits."""
     model = preset_model("small")
-    quantized = for_inference(copy.deepcopy(model), "int8")
-    assert isinstance(quantized.output, Bf16Linear) == bf16
-    src = pad([[5, 6, 7, 8, 9, 10]], [], [EOS])
-    tgt = torch.tensor([[2, 11, 12, 13]])
     with torch.no_grad():
-        h = model.decoder_states(tgt, *model.encode(src))
+        model.output.weight[::2] *= 0.01  # half the pieces' rows (tied: the target embeddings) a hundred times smaller
+    quantized = for_inference(copy.deepcopy(model), "int8")
+    assert type(quantized.output).__module__.startswith("torch.ao.nn.quantized")
+    h = torch.randn(8, model.cfg.d_model)
+    with torch.no_grad():
         full, out = model.output(h), quantized.output(h)
     assert out.dtype == torch.float32
-    assert (out - full).abs().max() <= 0.01 * full.abs().max()
+    for rows in (slice(0, None, 2), slice(1, None, 2)):  # the small rows as close, for their size, as the large
+        assert (out[:, rows] - full[:, rows]).abs().max() <= 0.04 * full[:, rows].abs().max()
 
 
 def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
