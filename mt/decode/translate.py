@@ -43,7 +43,7 @@ from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
 from mt.errors import MtError
-from mt.model.fast import PRECISIONS, compile_decoding
+from mt.model.fast import PRECISIONS, compile_decoding, quantized
 from mt.options import TranslateRequest
 
 CHUNK_LINES = 10_000  # lines read ahead and sorted together; bounds memory on endless input
@@ -327,6 +327,10 @@ def compiled(loaded: Loaded, opts: SearchOptions, device: torch.device) -> Loade
     the compiled steps take any length), so that the first lines translated do not wait for the compiler. A
     CTranslate2 export is returned as it is."""
     if "export" in loaded.state:
+        return loaded
+    if quantized(loaded.model):
+        print("mt: --compile: an int8 model decodes uncompiled (its quantized layers break the compiled graph, "
+              "and compiled it ran slower)", file=sys.stderr)
         return loaded
     compile_decoding(loaded.model)
     for srcs in ([[5, 6, 7]], [[5, 6, 7], [5, 6, 7, 8, 9, 10]], [[8, 9]]):  # any ids: only the shapes matter

@@ -106,7 +106,7 @@ def fast_paths(model: nn.Module) -> list[str]:
         found.append(f"linear: {'oneDNN' if use_onednn() else 'MKL'} fp32 matmuls")
     if FrozenLinear in kinds:
         found.append("linear: frozen, weights transposed")
-    if any(kind.__module__.startswith("torch.ao.nn.quantized") for kind in kinds):
+    if quantized(model):
         found.append("linear: int8 per output channel, dynamically quantized")
     if Dropout in kinds:
         found.append("dropout: 16-bit masks")
@@ -125,11 +125,20 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     """The model with each Transformer's decoding step (`step_layers`: layers and output layer) compiled by
     torch.compile, in place. A step runs dozens of small ops whose fixed costs outweigh their work on a few rows,
     so this pays most on small batches: a lone sentence, a server's calls. The first steps of each new kind of
-    shape compile (a lone sentence, a batch: `mt.decode.translate.compiled` runs both at load)."""
+    shape compile (a lone sentence, a batch: `mt.decode.translate.compiled` runs both at load). An int8 model stays
+    eager: PyTorch's quantized layers break the compiled graph at each one, and its step ran 0.78-0.87x as fast
+    compiled (docs/performance.md)."""
+    if quantized(model):
+        return model
     for module in model.modules():
         if isinstance(module, Transformer):
             module.step_layers = torch.compile(module.step_layers, dynamic=True)
     return model
+
+
+def quantized(model: nn.Module) -> bool:
+    """Whether the model has int8 layers (`quantize_int8`)."""
+    return any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:

@@ -18,6 +18,7 @@ from mt.errors import MtError
 from mt.model.fast import (
     FrozenLinear,
     cpu_training_attention,
+    fast_paths,
     for_inference,
     for_training,
     matmul_attention,
@@ -228,3 +229,16 @@ def test_compiled_decoding_translates_as_the_eager_model(loaded):
     eager = translated()
     compiled(loaded, opts, cpu)
     assert translated() == eager
+
+
+def test_compile_leaves_an_int8_model_eager_and_says_so(loaded, capsys):
+    """PyTorch's quantized layers break the compiled graph (the step ran slower compiled): `--compile` with int8
+    warns on stderr and translates as the uncompiled model."""
+    lines = ["the cat sat on the mat", "a dog"]
+    opts, cpu = SearchOptions.from_config(DecodeConfig(), beam=2, precision="int8"), torch.device("cpu")
+    for_inference(loaded.model, "int8")
+    eager = [[h.tokens for h in hyps] for hyps in translate_lines(loaded, lines, opts, cpu)]
+    compiled(loaded, opts, cpu)
+    assert "int8 model decodes uncompiled" in capsys.readouterr().err
+    assert "decoding step: compiled" not in fast_paths(loaded.model)
+    assert [[h.tokens for h in hyps] for hyps in translate_lines(loaded, lines, opts, cpu)] == eager
