@@ -246,14 +246,14 @@ def cpu_matmul() -> str:
 
 
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
-    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator); on a CPU the faster of
-    PyTorch's two kernels, MKL and oneDNN (see mt/model/fast_linear.py), so the choice of kernel cannot flatter the
-    MFU."""
+    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator); in fp32 on a CPU the faster
+    of PyTorch's two kernels, MKL and oneDNN (see mt/model/fast_linear.py), so the choice of kernel cannot flatter
+    the MFU. (bf16 `a @ b` is oneDNN's already; its linear kernel has no bf16 on an AVX2-only CPU.)"""
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     kernels = [lambda: a @ b]
-    if device.type == "cpu" and onednn_available():
+    if device.type == "cpu" and dtype == torch.float32 and onednn_available():
         kernels.append(lambda: onednn_mm(a, b.t()))
     return 2 * size ** 3 / min(min(timed(kernel, runs, device)) for kernel in kernels)
 

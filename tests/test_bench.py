@@ -3,10 +3,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from mt.bench import (
     bench_translate,
     markdown_table,
+    matmul_peak,
     preset_model,
     train_markdown_table,
     write_readme_table,
@@ -131,3 +133,11 @@ def test_a_bad_setting_is_a_user_error_not_a_traceback():
         bench_train(TrainBench(precision="fp16"))
     with pytest.raises(MtError, match="--checkpoint needs --input"):
         bench_translate(TranslateBench(checkpoint="x.pt"))
+
+
+@pytest.mark.numerics  # which kernels exist hangs on the CPU: make test runs this again as an AVX2-only CPU would
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_mfu_peak_is_measured_in_every_precision_on_any_cpu(precision):
+    """`mt bench train` and `make gpu-bench --device cpu` divide by it: it must not need a kernel this CPU lacks
+    (oneDNN's linear has no bf16 under AVX2)."""
+    assert matmul_peak(precision, torch.device("cpu"), size=128, runs=1) > 0
