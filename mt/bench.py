@@ -246,15 +246,19 @@ def cpu_matmul() -> str:
 
 
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
-    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator); in fp32 on a CPU the faster
-    of PyTorch's two kernels, MKL and oneDNN (see mt/model/fast_linear.py), so the choice of kernel cannot flatter
-    the MFU. (bf16 `a @ b` is oneDNN's already; its linear kernel has no bf16 on an AVX2-only CPU.)"""
+    """The machine's own measured matmul FLOP/s in this precision (the MFU denominator), multiplied as a linear
+    layer multiplies (x @ W^T); in fp32 on a CPU the faster of PyTorch's two kernels, MKL and oneDNN (see
+    mt/model/fast_linear.py), so the choice of kernel cannot flatter the MFU. Where bf16 is emulated (an AVX2-only
+    CPU), `a @ b` in bf16 takes a fallback 40x slower than the linear layers' product, and oneDNN's linear kernel
+    has no bf16 at all: neither is a peak."""
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-    kernels = [lambda: a @ b]
-    if device.type == "cpu" and dtype == torch.float32 and onednn_available():
-        kernels.append(lambda: onednn_mm(a, b.t()))
+    kernels = [lambda: a @ b.t()]
+    if device.type != "cpu":
+        kernels.append(lambda: a @ b)
+    elif dtype == torch.float32 and onednn_available():
+        kernels.append(lambda: onednn_mm(a, b))
     return 2 * size ** 3 / min(min(timed(kernel, runs, device)) for kernel in kernels)
 
 

@@ -34,7 +34,7 @@ from mt.data.batches import (
 )
 from mt.data.ids import Split
 from mt.data.lines import check_output_dir, read_text
-from mt.device import attention_kernels, autocast, autocast_dtype, pad_multiple, pick_device
+from mt.device import attention_kernels, autocast, autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
 from mt.model.fast import for_training
 from mt.model.transformer import Transformer, count_parameters
@@ -178,6 +178,9 @@ def start_log(run: Run, state: TrainState) -> None:
                 + (f", {copies} sampled segmentations" if copies > 1 else ""))
     if run.init_record is not None:
         run.log.say(f"weights initialized from {run.init_record['from']} (step {run.init_record['step']:,})")
+    if run.device.type == "cpu" and run.amp_dtype == torch.bfloat16 and not native_bf16():
+        run.log.note("this CPU has no bf16 instructions: bf16 is emulated, many times slower than fp32 "
+                     "(docs/performance.md); train.precision auto or fp32 trains faster here")
 
 
 def loop(run: Run, state: TrainState) -> dict:

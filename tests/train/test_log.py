@@ -1,5 +1,6 @@
 import re
 
+import mt.train.loop
 from mt.train.log import Pace
 from mt.train.loop import train
 
@@ -30,3 +31,13 @@ def test_a_run_with_a_time_budget_says_its_pace_once_unless_quiet(prepared, tmp_
     assert len(notes) == 1 and re.fullmatch(r"note: this machine trains [\d,]+ steps a minute \([\d,]+ target "
                                             r"tokens/s\): train.max_minutes=30 buys about 20 steps, [\d.]+ epochs",
                                             notes[0]), notes
+
+
+def test_bf16_asked_on_a_cpu_that_emulates_it_is_trained_with_a_note_saying_so(prepared, tmp_path, capsys,  # noqa: F811
+                                                                              monkeypatch):
+    monkeypatch.setattr(mt.train.loop, "native_bf16", lambda: False)  # as on an AVX2-only CPU
+    train(small_config(prepared, max_steps=2, precision="bf16"), tmp_path / "run", progress=False)
+    assert "bf16 is emulated" in capsys.readouterr().err
+    monkeypatch.setattr(mt.train.loop, "native_bf16", lambda: True)
+    train(small_config(prepared, max_steps=2, precision="bf16"), tmp_path / "run2", progress=False)
+    assert "bf16 is emulated" not in capsys.readouterr().err
