@@ -249,7 +249,7 @@ def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: in
     """The machine's own measured matmul FLOP/s in this precision (the MFU denominator), multiplied as a linear
     layer multiplies (x @ W^T); in fp32 on a CPU the faster of PyTorch's two kernels, MKL and oneDNN (see
     mt/model/fast_linear.py), so the choice of kernel cannot flatter the MFU. Where bf16 is emulated (an AVX2-only
-    CPU), `a @ b` in bf16 takes a fallback 40x slower than the linear layers' product, and oneDNN's linear kernel
+    CPU), `a @ b` in bf16 takes a fallback far slower than the linear layers' product, and oneDNN's linear kernel
     has no bf16 at all: neither is a peak."""
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32

@@ -98,7 +98,7 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
 
 def frozen(child: nn.Module) -> nn.Module | None:
     """What `for_inference` swaps in for a layer: `FrozenLinear` for a linear one, nothing for a dropout (a call
-    that does nothing in eval mode still costs a lone sentence's step 4-7%)."""
+    that does nothing in eval mode still costs a lone sentence's step time)."""
     if type(child) in (nn.Linear, Linear):
         return FrozenLinear(child)
     if isinstance(child, nn.Dropout):
@@ -136,8 +136,8 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     torch.compile, in place. A step runs dozens of small ops whose fixed costs outweigh their work on a few rows,
     so this pays most on small batches: a lone sentence, a server's calls. The first steps of each new kind of
     shape compile (a lone sentence, a batch: `mt.decode.translate.compiled` runs both at load). An int8 model stays
-    eager: PyTorch's quantized layers break the compiled graph at each one, and its step ran 0.78-0.87x as fast
-    compiled (docs/performance.md)."""
+    eager: PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower
+    (docs/performance.md)."""
     if quantized(model):
         return model
     for module in model.modules():

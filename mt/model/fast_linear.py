@@ -90,13 +90,13 @@ def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:
 
 
 # The smallest product, in rows and in multiply-adds (rows x in x out), for which oneDNN beats MKL in decoding, by
-# the CPU's vector width: measured on Zen 5 natively and capped to AVX2 (docs/performance.md).
+# the CPU's vector width, as measured (docs/performance.md).
 ONEDNN_MIN_PRODUCT = {"AVX512": (4, 1_000_000), "AVX2": (8, 8_000_000)}
 
 
 def onednn_pays(rows: int, weight: Tensor) -> bool:
     """Whether oneDNN is the faster kernel for `rows` inputs against `weight`: not for the few rows of a decoding
-    step, where its cost per call (~10 µs) outweighs the work."""
+    step, where its fixed cost per call outweighs the work."""
     min_rows, min_macs = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (0, 0))
     return rows >= min_rows and rows * weight.numel() >= min_macs
 
