@@ -15,7 +15,8 @@ Training (`for_training`):
 - `mt.model.fast_loss.output_loss`: the output layer and the loss fused, a block of rows at a time, never all the
   logits.
 Decoding (`for_inference`):
-- `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches.
+- `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches;
+  dropout modules, which do nothing in eval mode, dropped.
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
 - int8 (a precision, not only a fast path): dynamically quantized linears, the output layer too, a scale per
   output channel.
@@ -78,7 +79,8 @@ def for_training(model: nn.Module) -> nn.Module:
 
 def for_inference(model: nn.Module, precision: str) -> nn.Module:
     """The model to decode with, in eval mode and changed in place (it can no longer be trained): its linear
-    layers frozen (`FrozenLinear`), or int8 dynamically quantized, and plain-matmul attention in decoding steps.
+    layers frozen (`FrozenLinear`), or int8 dynamically quantized, its dropouts dropped, and plain-matmul attention
+    in decoding steps.
 
     int8 quantizes every linear layer's weights once, a scale per output channel, and each activation on the fly
     (CPU only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch,
