@@ -31,7 +31,7 @@ from mt.data.lines import check_not_input, check_output
 from mt.data.spm_proto import BYTE, CONTROL, NORMAL, UNUSED, USER_DEFINED, Piece, read_pieces, with_pieces
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MtError
-from mt.export.huggingface import permutation
+from mt.export.huggingface import layer_names, permutation
 from mt.model.transformer import Transformer, sinusoids
 
 # The output bias of an id Marian's model lacks: e^-1000 is 0 in float32, so it takes none of the probability.
@@ -346,20 +346,10 @@ def mt_weights(w: dict[str, Tensor], config: dict, m: ModelConfig, sides: dict[s
     for part in ("encoder", "decoder"):
         check_positions(w.pop(f"model.{part}.embed_positions.weight", None), m, part)
     try:
-        for i in range(m.n_enc_layers):
-            mt, hf = f"encoder.{i}", f"model.encoder.layers.{i}"
-            out |= self_attention(w, f"{mt}.self_attn", f"{hf}.self_attn", q)
-            out |= writing(w, f"{mt}.res_attn.norm", f"{hf}.self_attn_layer_norm", q)
-            out |= feed_forward(w, mt, hf, q)
-        for i in range(m.n_dec_layers):
-            mt, hf = f"decoder.{i}", f"model.decoder.layers.{i}"
-            out |= self_attention(w, f"{mt}.self_attn", f"{hf}.self_attn", q)
-            out |= writing(w, f"{mt}.res_self.norm", f"{hf}.self_attn_layer_norm", q)
-            out |= reading(w, f"{mt}.cross_attn.q", [f"{hf}.encoder_attn.q_proj"], q)
-            out |= reading(w, f"{mt}.cross_attn.kv", [f"{hf}.encoder_attn.k_proj", f"{hf}.encoder_attn.v_proj"], q)
-            out |= writing(w, f"{mt}.cross_attn.out", f"{hf}.encoder_attn.out_proj", q)
-            out |= writing(w, f"{mt}.res_cross.norm", f"{hf}.encoder_attn_layer_norm", q)
-            out |= feed_forward(w, mt, hf, q)
+        for mt, hf, reads in layer_names(m):  # Marian's separate projections fused into mt's one
+            weight = torch.cat([w.pop(f"{name}.weight") for name in hf])
+            bias = torch.cat([w.pop(f"{name}.bias") for name in hf])
+            out[f"{mt}.weight"], out[f"{mt}.bias"] = (weight[:, q], bias) if reads else (weight[q], bias[q])
     except KeyError as e:
         raise MtError(f"the weights have no {e.args[0]}, which config.json's layers need") from None
     if w:
@@ -380,27 +370,6 @@ def check_positions(table: Tensor | None, m: ModelConfig, part: str) -> None:
     if table.shape != expected.shape or (table - expected).abs().max() > 1e-2:  # float16 files: 1e-3 apart
         raise MtError(f"model.{part}.embed_positions.weight: a learned position table, not Marian's sinusoids; "
                       f"mt's positions are the sinusoids")
-
-
-def self_attention(w: dict[str, Tensor], mt: str, hf: str, q: Tensor) -> dict[str, Tensor]:
-    return (reading(w, f"{mt}.qkv", [f"{hf}.{name}" for name in ("q_proj", "k_proj", "v_proj")], q)
-            | writing(w, f"{mt}.out", f"{hf}.out_proj", q))
-
-
-def feed_forward(w: dict[str, Tensor], mt: str, hf: str, q: Tensor) -> dict[str, Tensor]:
-    return (reading(w, f"{mt}.ffn.up", [f"{hf}.fc1"], q) | writing(w, f"{mt}.ffn.down", f"{hf}.fc2", q)
-            | writing(w, f"{mt}.res_ffn.norm", f"{hf}.final_layer_norm", q))
-
-
-def reading(w: dict[str, Tensor], mt: str, hf: list[str], q: Tensor) -> dict[str, Tensor]:
-    """Linear layers whose input is the residual stream, fused into one: their input columns permuted."""
-    return {f"{mt}.weight": torch.cat([w.pop(f"{name}.weight")[:, q] for name in hf]),
-            f"{mt}.bias": torch.cat([w.pop(f"{name}.bias") for name in hf])}
-
-
-def writing(w: dict[str, Tensor], mt: str, hf: str, q: Tensor) -> dict[str, Tensor]:
-    """A layer that writes the residual stream (a linear layer's output rows, a LayerNorm's entries), permuted."""
-    return {f"{mt}.weight": w.pop(f"{hf}.weight")[q], f"{mt}.bias": w.pop(f"{hf}.bias")[q]}
 
 
 def summary(state: dict, out: Path) -> str:

@@ -12,6 +12,7 @@ A pre-norm model has no Marian equivalent: it is refused, pointing to the CTrans
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -87,46 +88,35 @@ def marian_weights(weights: dict[str, Tensor], m: ModelConfig) -> dict[str, Tens
         out["model.decoder.embed_tokens.weight"] = w["tgt_embed.weight"][:, p]
     if not m.tie_output:
         out["lm_head.weight"] = w["output.weight"][:, p]
-    for i in range(m.n_enc_layers):
-        mt, hf = f"encoder.{i}", f"model.encoder.layers.{i}"
-        out |= self_attention(w, f"{mt}.self_attn", f"{hf}.self_attn", p)
-        out |= rows(w, f"{mt}.res_attn.norm", f"{hf}.self_attn_layer_norm", p)
-        out |= feed_forward(w, mt, hf, p)
-    for i in range(m.n_dec_layers):
-        mt, hf = f"decoder.{i}", f"model.decoder.layers.{i}"
-        out |= self_attention(w, f"{mt}.self_attn", f"{hf}.self_attn", p)
-        out |= rows(w, f"{mt}.res_self.norm", f"{hf}.self_attn_layer_norm", p)
-        kv_weight, kv_bias = w[f"{mt}.cross_attn.kv.weight"].chunk(2), w[f"{mt}.cross_attn.kv.bias"].chunk(2)
-        out |= reading(f"{hf}.encoder_attn.q_proj", w[f"{mt}.cross_attn.q.weight"], w[f"{mt}.cross_attn.q.bias"], p)
-        out |= reading(f"{hf}.encoder_attn.k_proj", kv_weight[0], kv_bias[0], p)
-        out |= reading(f"{hf}.encoder_attn.v_proj", kv_weight[1], kv_bias[1], p)
-        out |= rows(w, f"{mt}.cross_attn.out", f"{hf}.encoder_attn.out_proj", p)
-        out |= rows(w, f"{mt}.res_cross.norm", f"{hf}.encoder_attn_layer_norm", p)
-        out |= feed_forward(w, mt, hf, p)
+    for mt, hf, reads in layer_names(m):  # mt's fused projections are Marian's separate ones, one after another
+        weights, biases = w[f"{mt}.weight"].chunk(len(hf)), w[f"{mt}.bias"].chunk(len(hf))
+        for name, weight, bias in zip(hf, weights, biases, strict=True):
+            out[f"{name}.weight"] = (weight[:, p] if reads else weight[p]).contiguous()
+            out[f"{name}.bias"] = (bias if reads else bias[p]).contiguous()
     return out
 
 
-def self_attention(w: dict[str, Tensor], mt: str, hf: str, p: Tensor) -> dict[str, Tensor]:
-    weights, biases = w[f"{mt}.qkv.weight"].chunk(3), w[f"{mt}.qkv.bias"].chunk(3)
-    out = {}
-    for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases, strict=True):
-        out |= reading(f"{hf}.{name}", weight, bias, p)
-    return out | rows(w, f"{mt}.out", f"{hf}.out_proj", p)
+# Each layer's weights under both names: mt's module, Marian's modules (mt fuses projections that Marian keeps
+# apart), and whether it reads the residual stream (its input columns permuted) or writes it (its outputs permuted).
+SELF_ATTENTION = (("self_attn.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "reads"),
+                  ("self_attn.out", ("self_attn.out_proj",), "writes"))
+FEED_FORWARD = (("ffn.up", ("fc1",), "reads"), ("ffn.down", ("fc2",), "writes"),
+                ("res_ffn.norm", ("final_layer_norm",), "writes"))
+ENCODER_LAYER = (*SELF_ATTENTION, ("res_attn.norm", ("self_attn_layer_norm",), "writes"), *FEED_FORWARD)
+DECODER_LAYER = (*SELF_ATTENTION, ("res_self.norm", ("self_attn_layer_norm",), "writes"),
+                 ("cross_attn.q", ("encoder_attn.q_proj",), "reads"),
+                 ("cross_attn.kv", ("encoder_attn.k_proj", "encoder_attn.v_proj"), "reads"),
+                 ("cross_attn.out", ("encoder_attn.out_proj",), "writes"),
+                 ("res_cross.norm", ("encoder_attn_layer_norm",), "writes"), *FEED_FORWARD)
 
 
-def feed_forward(w: dict[str, Tensor], mt: str, hf: str, p: Tensor) -> dict[str, Tensor]:
-    return (reading(f"{hf}.fc1", w[f"{mt}.ffn.up.weight"], w[f"{mt}.ffn.up.bias"], p)
-            | rows(w, f"{mt}.ffn.down", f"{hf}.fc2", p) | rows(w, f"{mt}.res_ffn.norm", f"{hf}.final_layer_norm", p))
-
-
-def reading(hf: str, weight: Tensor, bias: Tensor, p: Tensor) -> dict[str, Tensor]:
-    """A linear layer whose input is the residual stream: its input columns permuted."""
-    return {f"{hf}.weight": weight[:, p].contiguous(), f"{hf}.bias": bias.contiguous()}
-
-
-def rows(w: dict[str, Tensor], mt: str, hf: str, p: Tensor) -> dict[str, Tensor]:
-    """A layer that writes the residual stream (a linear layer's output rows, a LayerNorm's entries), permuted."""
-    return {f"{hf}.weight": w[f"{mt}.weight"][p].contiguous(), f"{hf}.bias": w[f"{mt}.bias"][p].contiguous()}
+def layer_names(m: ModelConfig) -> Iterator[tuple[str, tuple[str, ...], bool]]:
+    """Every layer's weights of a model shaped `m`: mt's module, Marian's modules, whether it reads the residual
+    stream. The export (`marian_weights`) and the import (mt/export/from_marian.py) both map by it."""
+    for part, n, layer in (("encoder", m.n_enc_layers, ENCODER_LAYER), ("decoder", m.n_dec_layers, DECODER_LAYER)):
+        for i in range(n):
+            for mt, hf, role in layer:
+                yield f"{part}.{i}.{mt}", tuple(f"model.{part}.layers.{i}.{name}" for name in hf), role == "reads"
 
 
 def write_vocabularies(state: dict, directory: Path) -> None:
