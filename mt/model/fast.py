@@ -144,7 +144,7 @@ def compile_decoding(model: nn.Module) -> nn.Module:
         return model
     for module in model.modules():
         if isinstance(module, Transformer):
-            module.step_layers = torch.compile(module.step_layers, dynamic=True)
+            module.step_layers = torch.compile(module.step_layers, dynamic=True, fullgraph=True)
     return model
 
 
@@ -233,7 +233,8 @@ class FrozenLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
         flat = x.reshape(-1, x.size(-1))
-        if onednn_pays(flat.size(0), weight_t) and prefers_onednn(x, weight_t):
+        # prefers_onednn first: it is False while torch.compile traces, which cannot trace onednn_pays
+        if prefers_onednn(x, weight_t) and onednn_pays(flat.size(0), weight_t):
             return onednn_linear(x, weight_t.t(), bias)  # a frozen layer has no gradient: no autograd
         y = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
         return y.view(*x.shape[:-1], y.size(-1))
