@@ -42,7 +42,7 @@ from mt.serve.batcher import Batcher, QueueFull, Settings
 from mt.serve.checks import check_glossary, check_key, check_lines, header_key
 from mt.serve.errors import add_error_handlers
 from mt.serve.libretranslate import parse, respond
-from mt.serve.limits import protocol
+from mt.serve.limits import BodyLimit, max_body, protocol
 from mt.serve.metrics import CountAnswers, Metrics
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log, formatted as its messages are
@@ -138,7 +138,8 @@ def create_app(models: dict[str, Served], options: ServeOptions | None = None) -
     add_error_handlers(app)
     add_info_routes(app)
     add_translation_routes(app)
-    app.add_middleware(CountAnswers, metrics=app.state.metrics)
+    app.add_middleware(BodyLimit, limit=max_body(options))
+    app.add_middleware(CountAnswers, metrics=app.state.metrics)  # the outermost: it counts BodyLimit's 413s too
     return app
 
 

@@ -65,6 +65,8 @@ def add_error_handlers(app: FastAPI) -> None:
         if error.status_code == 405:
             allowed = (error.headers or {}).get("Allow", "")
             return answer(405, f"{path} does not take {method}; it takes {allowed}", error.headers)
+        if isinstance(error.__cause__, ApiError):  # raised while FastAPI read the body (mt/serve/limits.py)
+            return answer(error.__cause__.status, error.__cause__.message, error.__cause__.headers)
         if isinstance(error.__cause__, ClientDisconnect):
             return answer(499, "the client closed the connection")
         if error.status_code == 400 and isinstance(error.__cause__, Exception):  # FastAPI could not read the body

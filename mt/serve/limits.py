@@ -1,5 +1,5 @@
-"""The connection limits of `mt serve`, beneath the app: how long a client may take to send a request, and how many
-connections the server holds at once.
+"""The limits of `mt serve` beneath its checks of a request: how long a client may take to send a request, how many
+connections the server holds at once, and how large a request's body may be.
 
 uvicorn bounds the idle time between a connection's requests (`timeout_keep_alive`, 5 s) and the size of a
 request's head (h11's 16 KiB), but not the time a request takes to arrive: a client that sends its head or its
@@ -8,6 +8,10 @@ middleware cannot help with the head: the app is called only once the head is in
 uvicorn's h11 protocol with a deadline: a request must arrive whole, head and body, within `client_timeout` of
 its first byte, or of the connection's opening for its first request. A client past it is answered 408 when its
 head is incomplete, and its connection closed either way (the app, reading the body, sees the client gone).
+
+Nor does anything beneath the app bound a body's size: a fast client could send gigabytes for the server to hold.
+`BodyLimit` answers 413 to a body larger than the longest request the line limits allow (`max_body`), before
+reading it when its Content-Length says so, as soon as it is past the limit when it comes in chunks.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ import json
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from mt.errors import ApiError
 from mt.options import ServeOptions
+from mt.serve.errors import answer
+
+# The most bytes JSON spells one character in: past U+FFFF, as two \uXXXX escapes.
+JSON_BYTES_PER_CHARACTER = 12
 
 
 def protocol(options: ServeOptions) -> functools.partial:
@@ -102,3 +111,38 @@ class Deadlined(H11Protocol):
         except h11.LocalProtocolError:  # h11's state forbids an answer now: closing says enough
             pass
         self.transport.close()
+
+
+def max_body(options: ServeOptions) -> int:
+    """The most bytes a request's body may hold: `max_lines` lines of `max_chars` characters, each spelled as long as
+    JSON can spell it, and a MiB for the rest (the other fields, a glossary)."""
+    return options.max_lines * options.max_chars * JSON_BYTES_PER_CHARACTER + 2 ** 20
+
+
+class BodyLimit:
+    """An ASGI middleware that answers 413 to a request whose body is over `limit` bytes: at once when its
+    Content-Length says so, and when the bytes read pass it otherwise (a chunked body), reading no further."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await answer(413, self.refusal(int(declared)), {"connection": "close"})(scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:  # FastAPI answers it (mt/serve/errors.py)
+                raise ApiError(413, self.refusal(received, "at least "), {"connection": "close"})
+            return message
+        await self.app(scope, counted, send)
+
+    def refusal(self, size: int, bound: str = "") -> str:
+        return (f"the body is {bound}{size:,} bytes; the limit is {self.limit:,} (from --max-lines and --max-chars): "
+                f"send the lines in several requests")

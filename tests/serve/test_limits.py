@@ -1,6 +1,6 @@
 """The connection limits of `mt serve` on a real server over loopback: a client too slow to send its request (head
 or body), or one that sends nothing, is dropped after --client-timeout; one past --max-connections is refused at
-once; a request that arrived in time may take as long as its translation takes."""
+once; a request that arrived in time may take as long as its translation takes; a body too large is refused."""
 
 import json
 import select
@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("fastapi")
 import uvicorn  # noqa: E402
 
-from mt.serve.limits import protocol  # noqa: E402
+from mt.options import ServeOptions  # noqa: E402
+from mt.serve.limits import max_body, protocol  # noqa: E402
 
 from .test_app import checkpoint, free_port, held, run, serve_app, until  # noqa: E402, F401
 
@@ -112,3 +113,43 @@ def test_a_connection_past_the_limit_is_refused_at_once(checkpoint):  # noqa: F8
                 break
             time.sleep(0.05)
         assert answer.status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_without_reading_it(checkpoint):  # noqa: F811 (the fixture)
+    """A body larger than the longest request the line limits allow is answered 413, before it is sent when its
+    Content-Length says so, as soon as it is past the limit when it comes in chunks; the server serves on."""
+    app = serve_app(checkpoint, max_lines=2, max_chars=10)
+    limit = max_body(app.state.options)
+    with serving(app) as port:
+        for path in ("/v1/translate", "/translate"):
+            declared = (f"POST {path} HTTP/1.1\r\nHost: mt\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {100 * limit}\r\n\r\n").encode()
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(declared + b"{")  # none of the rest: the answer must not wait for it
+                status, error = error_of(read_to_end(sock))
+            assert status == 413 and "--max-lines and --max-chars" in error, (path, error)
+
+        chunked = (b"POST /v1/translate HTTP/1.1\r\nHost: mt\r\nContent-Type: application/json\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(chunked)
+            while sent < 100 * limit and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(chunk)
+                sent += 65536
+            status, error = error_of(read_to_end(sock))
+        assert status == 413 and "at least" in error
+        read = int(error.split("at least ")[1].split()[0].replace(",", ""))
+        assert limit < read <= limit + 2 ** 20 < sent  # it stopped reading soon after the limit
+
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"text": ["der hund"]}, timeout=10)
+        assert answer.status_code == 200
+
+
+def test_the_longest_request_the_line_limits_allow_fits_the_body_limit():
+    """max_lines lines of max_chars characters, each spelled as long as JSON spells one, pass the body limit."""
+    options = ServeOptions()
+    widest = json.dumps({"text": ["\U0001F600" * options.max_chars] * options.max_lines,
+                         "glossary": {"Hund": "dog"}, "format": "lines"})
+    assert options.max_chars * options.max_lines * 12 <= len(widest) <= max_body(options)
