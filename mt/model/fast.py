@@ -18,8 +18,8 @@ Decoding (`for_inference`):
 - `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches;
   dropout modules, which do nothing in eval mode, dropped.
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
-- int8 (a precision, not only a fast path): dynamically quantized linears, the output layer too, a scale per
-  output channel.
+- int8 (a precision, not only a fast path): dynamically quantized linears (`Int8Linear`), the output layer too, a
+  scale per output channel.
 - `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused.
 
 Switches (environment variables):
@@ -150,7 +150,7 @@ def compile_decoding(model: nn.Module) -> nn.Module:
 
 def quantized(model: nn.Module) -> bool:
     """Whether the model has int8 layers (`quantize_int8`)."""
-    return any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules())
+    return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -165,7 +165,17 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, relinked(model.get_submodule(name), nn.Linear))
         per_channel = torch.ao.quantization.per_channel_dynamic_qconfig
-        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(linears, per_channel), inplace=True)
+        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(linears, per_channel),
+                                                      mapping={nn.Linear: Int8Linear}, inplace=True)
+
+
+class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
+    """PyTorch's dynamically quantized linear layer, calling its kernel directly: the layer's own forward checks its
+    dtype and version and copies the output on every call, a fixed cost that a lone sentence pays on every product
+    (docs/performance.md)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=True)
 
 
 def swap_children(model: nn.Module, swap: Callable[[nn.Module], nn.Module | None]) -> None:

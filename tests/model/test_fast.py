@@ -17,6 +17,7 @@ from mt.decode.translate import compiled, translate_lines
 from mt.errors import MtError
 from mt.model.fast import (
     FrozenLinear,
+    Int8Linear,
     cpu_training_attention,
     fast_paths,
     for_inference,
@@ -189,13 +190,25 @@ def test_int8_model_stays_close_to_fp32():
     assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
 
 
+def test_int8_layers_compute_exactly_what_pytorchs_quantized_layer_does():
+    """`Int8Linear` calls the quantized kernel directly: the same numbers as torch's dynamically quantized Linear."""
+    model = for_inference(preset_model("small"), "int8")
+    layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(layers) == len([m for m in preset_model("small").modules() if isinstance(m, nn.Linear)])
+    for layer in (layers[0], model.output):
+        plain = torch.ao.nn.quantized.dynamic.Linear(layer.in_features, layer.out_features)
+        plain.set_weight_bias(*layer._weight_bias())
+        for x in (torch.randn(1, layer.in_features), torch.randn(3, 5, layer.in_features)):
+            assert torch.equal(layer(x), plain(x))
+
+
 def test_int8_scores_every_piece_closely_even_where_the_output_rows_differ_in_scale():
     """The output layer is quantized too, a scale per row: pieces whose embeddings are small keep their logits."""
     model = preset_model("small")
     with torch.no_grad():
         model.output.weight[::2] *= 0.01  # half the pieces' rows (tied: the target embeddings) a hundred times smaller
     quantized = for_inference(copy.deepcopy(model), "int8")
-    assert type(quantized.output).__module__.startswith("torch.ao.nn.quantized")
+    assert isinstance(quantized.output, Int8Linear)
     h = torch.randn(8, model.cfg.d_model)
     with torch.no_grad():
         full, out = model.output(h), quantized.output(h)
