@@ -142,9 +142,14 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     (docs/performance.md)."""
     if quantized(model):
         return model
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    # Inductor picks its CPU vector width by ATEN_CPU_CAPABILITY but caches the code it writes without it: code
+    # written under another setting then runs at the wrong width, out of bounds. Named, the width keys the cache.
+    options = {"cpp.simdlen": pick_vec_isa().bit_width()}
     for module in model.modules():
         if isinstance(module, Transformer):
-            module.step_layers = torch.compile(module.step_layers, dynamic=True, fullgraph=True)
+            module.step_layers = torch.compile(module.step_layers, dynamic=True, fullgraph=True, options=options)
     return model
 
 
