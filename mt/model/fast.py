@@ -20,7 +20,8 @@ Decoding (`for_inference`):
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
 - int8 (a precision, not only a fast path): dynamically quantized linears (`Int8Linear`), the output layer too, a
   scale per output channel.
-- `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused.
+- `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused, for
+  a few rows.
 
 Switches (environment variables):
 - `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 import mt.model.fast_loss
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
-from mt.model.fast_linear import Linear, onednn_linear, onednn_pays, prefers_onednn, use_onednn
+from mt.model.fast_linear import Linear, onednn_linear, onednn_min_rows, onednn_pays, prefers_onednn, use_onednn
 from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -128,18 +129,21 @@ def fast_paths(model: nn.Module) -> list[str]:
         found.append("attention in decoding steps: matmuls")
     if any(getattr(m, "output_loss", None) is mt.model.fast_loss.output_loss for m in model.modules()):
         found.append("loss: fused with the output layer")
-    if any(hasattr(getattr(m, "step_layers", None), "_torchdynamo_orig_callable") for m in model.modules()):
-        found.append("decoding step: compiled")
+    compiled = [m.step_layers for m in model.modules() if isinstance(getattr(m, "step_layers", None), FewRowsCompiled)]
+    if compiled:
+        rows = compiled[0].rows
+        found.append("decoding step: compiled" + (f" below {rows} rows" if rows else ""))
     return found
 
 
 def compile_decoding(model: nn.Module) -> nn.Module:
     """The model with each Transformer's decoding step (`step_layers`: layers and output layer) compiled by
-    torch.compile, in place. A step runs dozens of small ops whose fixed costs outweigh their work on a few rows,
-    so this pays most on small batches: a lone sentence, a server's calls. The first steps of each new kind of
-    shape compile (a lone sentence, a batch: `mt.decode.translate.compiled` runs both at load). An int8 model stays
-    eager: PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower
-    (docs/performance.md)."""
+    torch.compile, in place, for the few rows where it pays. A step runs dozens of small ops whose fixed costs
+    outweigh their work on a few rows, and compiled they are fused: a lone sentence, a server's lone calls. On CPU
+    the compiled step multiplies through PyTorch's own kernel, so from the rows where eager decoding takes oneDNN's
+    faster one (`onednn_min_rows`) the step stays eager (`FewRowsCompiled`; docs/performance.md). The first steps
+    of each new kind of shape compile (`mt.decode.translate.compiled` runs them at load). An int8 model stays eager:
+    PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower."""
     if quantized(model):
         return model
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -147,10 +151,26 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     # Inductor picks its CPU vector width by ATEN_CPU_CAPABILITY but caches the code it writes without it: code
     # written under another setting then runs at the wrong width, out of bounds. Named, the width keys the cache.
     options = {"cpp.simdlen": pick_vec_isa().bit_width()}
+    on_cpu = all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+    rows = onednn_min_rows() if on_cpu else None
     for module in model.modules():
         if isinstance(module, Transformer):
-            module.step_layers = torch.compile(module.step_layers, dynamic=True, fullgraph=True, options=options)
+            step = torch.compile(module.step_layers, dynamic=True, fullgraph=True, options=options)
+            module.step_layers = FewRowsCompiled(module.step_layers, step, rows)
     return model
+
+
+class FewRowsCompiled:
+    """A decoding step (`Transformer.step_layers`) compiled for fewer than `rows` rows (any number, when None) and
+    eager for more."""
+
+    def __init__(self, eager: Callable[..., Tensor], compiled: Callable[..., Tensor], rows: int | None):
+        self.eager, self.compiled, self.rows = eager, compiled, rows
+
+    def __call__(self, x: Tensor, *rest) -> Tensor:
+        if self.rows is None or x.size(0) < self.rows:
+            return self.compiled(x, *rest)
+        return self.eager(x, *rest)
 
 
 def quantized(model: nn.Module) -> bool:

@@ -101,6 +101,14 @@ def onednn_pays(rows: int, weight: Tensor) -> bool:
     return rows >= min_rows and rows * weight.numel() >= min_macs
 
 
+def onednn_min_rows() -> int | None:
+    """The fewest rows for which fp32 CPU decoding multiplies through oneDNN (`onednn_pays`); None where it never
+    does (another matmul kernel chosen, or no rule for this CPU)."""
+    if not use_onednn():
+        return None
+    return ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (None, 0))[0]
+
+
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
     """fp32 on CPU, outside autocast and torch.compile, where oneDNN is the faster kernel."""
     return plain_cpu_fp32(x, weight) and use_onednn()

@@ -16,6 +16,7 @@ from mt.decode.search import SearchOptions, beam_search, greedy
 from mt.decode.translate import compiled, translate_lines
 from mt.errors import MtError
 from mt.model.fast import (
+    FewRowsCompiled,
     FrozenLinear,
     Int8Linear,
     cpu_training_attention,
@@ -231,9 +232,10 @@ def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
 
 
 def test_compiled_decoding_translates_as_the_eager_model(loaded):
-    """`--compile`: the same n-best lists, in a batch and alone, after `compiled` has compiled at load."""
+    """`--compile`: the same n-best lists, in a batch and alone (2 rows: compiled on every CPU), after `compiled` has
+    compiled at load."""
     lines = ["the cat sat on the mat", "a dog", "big red tree runs under the blue mat", ""]
-    opts, cpu = SearchOptions.from_config(DecodeConfig(), beam=4, nbest=2), torch.device("cpu")
+    opts, cpu = SearchOptions.from_config(DecodeConfig(), beam=2, nbest=2), torch.device("cpu")
     for_inference(loaded.model, "fp32")
 
     def translated():
@@ -242,6 +244,19 @@ def test_compiled_decoding_translates_as_the_eager_model(loaded):
     eager = translated()
     compiled(loaded, opts, cpu)
     assert translated() == eager
+
+
+def test_a_compiled_step_of_many_rows_runs_eagerly():
+    """From the rows where eager decoding multiplies through oneDNN, faster than the compiled step's kernel, the step
+    stays eager; with no such rows (another kernel, a GPU), compiled for any number."""
+    ran = []
+    step = FewRowsCompiled(lambda x: ran.append("eager"), lambda x: ran.append("compiled"), 4)
+    for rows in (1, 3, 4, 64):
+        step(torch.zeros(rows, 1, 8))
+    assert ran == ["compiled", "compiled", "eager", "eager"]
+    ran.clear()
+    FewRowsCompiled(lambda x: ran.append("eager"), lambda x: ran.append("compiled"), None)(torch.zeros(64, 1, 8))
+    assert ran == ["compiled"]
 
 
 def test_compile_leaves_an_int8_model_eager_and_says_so(loaded, capsys):
