@@ -137,13 +137,14 @@ def fast_paths(model: nn.Module) -> list[str]:
 
 
 def compile_decoding(model: nn.Module) -> nn.Module:
-    """The model with each Transformer's decoding step (`step_layers`: layers and output layer) compiled by
-    torch.compile, in place, for the few rows where it pays. A step runs dozens of small ops whose fixed costs
-    outweigh their work on a few rows, and compiled they are fused: a lone sentence, a server's lone calls. On CPU
-    the compiled step multiplies through PyTorch's own kernel, so from the rows where eager decoding takes oneDNN's
-    faster one (`onednn_min_rows`) the step stays eager (`FewRowsCompiled`; docs/performance.md). The first steps
-    of each new kind of shape compile (`mt.decode.translate.compiled` runs them at load). An int8 model stays eager:
-    PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower."""
+    """The model with each Transformer's decoding step (`step_layers`: the decoder layers, not the output layer)
+    compiled by torch.compile, in place, for the few rows where it pays. A step runs dozens of small ops whose
+    fixed costs outweigh their work on a few rows, and compiled they are fused: a lone sentence, a small beam. On
+    CPU the compiled step multiplies through PyTorch's own kernel, so from the rows where eager decoding takes
+    oneDNN's faster one for the layers' largest weight (`onednn_min_rows`) the step stays eager
+    (`FewRowsCompiled`), and the output layer, the largest product, always does (docs/performance.md). The first
+    steps of each new kind of shape compile (`mt.decode.translate.compiled` runs them at load). An int8 model stays
+    eager: PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower."""
     if quantized(model):
         return model
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -152,9 +153,11 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     # written under another setting then runs at the wrong width, out of bounds. Named, the width keys the cache.
     options = {"cpp.simdlen": pick_vec_isa().bit_width()}
     on_cpu = all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
-    rows = onednn_min_rows() if on_cpu else None
     for module in model.modules():
         if isinstance(module, Transformer):
+            largest = max((m.weight_t.numel() for m in module.decoder.modules() if isinstance(m, FrozenLinear)),
+                          default=0)
+            rows = onednn_min_rows(largest) if on_cpu and largest else None
             step = torch.compile(module.step_layers, dynamic=True, fullgraph=True, options=options)
             module.step_layers = FewRowsCompiled(module.step_layers, step, rows)
     return model

@@ -101,12 +101,14 @@ def onednn_pays(rows: int, weight: Tensor) -> bool:
     return rows >= min_rows and rows * weight.numel() >= min_macs
 
 
-def onednn_min_rows() -> int | None:
-    """The fewest rows for which fp32 CPU decoding multiplies through oneDNN (`onednn_pays`); None where it never
-    does (another matmul kernel chosen, or no rule for this CPU)."""
-    if not use_onednn():
+def onednn_min_rows(weight_size: int) -> int | None:
+    """The fewest rows for which fp32 CPU decoding multiplies through oneDNN against a weight of `weight_size`
+    elements (`onednn_pays`); None where it never does (another kernel chosen, or no rule for this CPU)."""
+    rule = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability())
+    if rule is None or not use_onednn():
         return None
-    return ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (None, 0))[0]
+    min_rows, min_macs = rule
+    return max(min_rows, -(-min_macs // weight_size))
 
 
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:

@@ -271,17 +271,19 @@ class Transformer(nn.Module):
         if t >= cache.self_k[0].size(0):
             raise ValueError(f"decoding step {t + 1} exceeds the cache's {cache.self_k[0].size(0)} positions")
         x = self.embed(self.tgt_embed, tokens[:, None], start=t)  # (B, 1, D)
-        logits = self.step_layers(x, cache.self_k, cache.self_v, t, cache.mem_k, cache.mem_v, cache.src_mask)
+        h = self.step_layers(x, cache.self_k, cache.self_v, t, cache.mem_k, cache.mem_v, cache.src_mask)
+        logits = self.output(h)
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam)
 
     def step_layers(self, x: Tensor, self_k: list[Tensor], self_v: list[Tensor], t: int, mem_k: list[Tensor],
                     mem_v: list[Tensor], src_mask: Tensor) -> Tensor:
-        """The decoder layers and the output layer for one step at position t: logits (B, V) of x (B, 1, D).
-        Tensors and an int in, a tensor out, so that `mt.model.fast.compile_decoding` can compile it whole."""
+        """The decoder layers for one step at position t: the last hidden states (B, D) of x (B, 1, D), before the
+        output layer. Tensors and an int in, a tensor out, so that `mt.model.fast.compile_decoding` can compile it
+        whole."""
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, self_k[i], self_v[i], t, mem_k[i], mem_v[i], src_mask)
-        return self.output(self.dec_norm(x[:, 0]))
+        return self.dec_norm(x[:, 0])
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:

@@ -9,7 +9,14 @@ import mt.model.fast_linear
 from mt.data.tokenizer import BOS
 from mt.decode.search import beam_search
 from mt.model.fast import for_inference, for_training
-from mt.model.fast_linear import Linear, OneDnnLinear, onednn_available, use_onednn
+from mt.model.fast_linear import (
+    Linear,
+    OneDnnLinear,
+    onednn_available,
+    onednn_min_rows,
+    onednn_pays,
+    use_onednn,
+)
 
 from ..conftest import tiny_model
 
@@ -121,3 +128,18 @@ def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capa
         with torch.no_grad():
             torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
         assert ("onednn" if calls else "mkl") == kernel
+
+
+@onednn
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+def test_the_compiled_step_stops_at_the_rows_where_a_layer_takes_onednn(monkeypatch, capability):
+    """`onednn_min_rows`, where `--compile` hands a step back to the eager layers, is the first row count at which
+    the layer's product goes to oneDNN; with MKL chosen, there is none."""
+    force_cpu_matmul(monkeypatch, "onednn")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    for shape in ((128, 512), (256, 1024), (512, 2048)):
+        weight = torch.empty(shape)
+        rows = onednn_min_rows(weight.numel())
+        assert onednn_pays(rows, weight) and not onednn_pays(rows - 1, weight), (shape, rows)
+    force_cpu_matmul(monkeypatch, "mkl")
+    assert onednn_min_rows(512 * 2048) is None
