@@ -136,12 +136,15 @@ def test_a_body_over_the_limit_is_refused_without_reading_it(checkpoint):  # noq
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             sock.sendall(chunked)
             while sent < 100 * limit and not select.select([sock], [], [], 0)[0]:
-                sock.sendall(chunk)
+                try:
+                    sock.sendall(chunk)
+                except OSError:  # the server has answered and closed, with what was sent unread
+                    break
                 sent += 65536
             status, error = error_of(read_to_end(sock))
         assert status == 413 and "at least" in error
         read = int(error.split("at least ")[1].split()[0].replace(",", ""))
-        assert limit < read <= limit + 2 ** 20 < sent  # it stopped reading soon after the limit
+        assert limit < read <= limit + 2 ** 20  # it stopped reading soon after the limit
 
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/translate", json={"text": ["der hund"]}, timeout=10)
         assert answer.status_code == 200
