@@ -129,10 +129,10 @@ def fast_paths(model: nn.Module) -> list[str]:
         found.append("attention in decoding steps: matmuls")
     if any(getattr(m, "output_loss", None) is mt.model.fast_loss.output_loss for m in model.modules()):
         found.append("loss: fused with the output layer")
-    compiled = [m.step_layers for m in model.modules() if isinstance(getattr(m, "step_layers", None), FewRowsCompiled)]
-    if compiled:
-        rows = compiled[0].rows
-        found.append("decoding step: compiled" + (f" below {rows} rows" if rows else ""))
+    step = next((m.step_layers for m in model.modules()
+                 if isinstance(getattr(m, "step_layers", None), FewRowsCompiled)), None)
+    if step is not None:
+        found.append("decoding step: compiled" + (f" below {step.rows} rows" if step.rows else ""))
     return found
 
 
