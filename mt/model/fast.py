@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 import mt.model.fast_loss
+import mt.model.native_step
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
 from mt.model.fast_linear import Linear, onednn_linear, onednn_min_rows, onednn_pays, prefers_onednn, use_onednn
@@ -96,6 +97,7 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     if fast:
         swap_children(model, frozen)
         set_attention(model, attention, matmul_attention)
+        mt.model.native_step.install(model, precision)
     return model.eval()
 
 
@@ -133,6 +135,10 @@ def fast_paths(model: nn.Module) -> list[str]:
                  if isinstance(getattr(m, "step_layers", None), FewRowsCompiled)), None)
     if step is not None:
         found.append("decoding step: compiled" + (f" below {step.rows} rows" if step.rows else ""))
+    native = next((m.decode_step for m in model.modules()
+                   if isinstance(getattr(m, "decode_step", None), mt.model.native_step.NativeDecodeStep)), None)
+    if native is not None:
+        found.append(f"decoding step: C (AVX2), {native.precision}, up to {native.max_rows} rows")
     return found
 
 

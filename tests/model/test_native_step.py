@@ -1,0 +1,130 @@
+"""The C decoding step (mt/model/native_step.py) computes what the model's own `decode_step` computes: in fp32 the
+same logits and cache, step by step through real searches; in int8 the products of each row quantized on its own."""
+
+import copy
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import mt.errors
+import mt.model.native_step
+from mt.data.batches import pad
+from mt.data.tokenizer import BOS, EOS
+from mt.decode.search import beam_search, greedy
+from mt.model.fast import fast_paths, for_inference
+from mt.model.native_step import NativeDecodeStep, library
+
+from ..conftest import tiny_model
+
+pytestmark = [pytest.mark.numerics,
+              pytest.mark.skipif(library() is None, reason="no C compiler, or a CPU without AVX2 and FMA")]
+
+SOURCES = [[5, 9, 12, 7, 30, 11, EOS], [8, 14, 6, EOS], [22, 3 + 4, 17, 19, 25, EOS]]
+
+
+def models(precision: str, **changes) -> tuple[nn.Module, nn.Module]:
+    """The same tiny model twice, decoding in C and in PyTorch."""
+    native = for_inference(tiny_model(seed=3, **changes), precision)
+    plain = for_inference(tiny_model(seed=3, **changes), precision)
+    plain.decode_step.max_rows = 0
+    assert isinstance(native.decode_step, NativeDecodeStep)
+    return native, plain
+
+
+def checked(native: nn.Module, plain: nn.Module, rtol: float, atol: float) -> list[int]:
+    """Makes `plain` compare every step it decodes with the C step on the same input and cache; returns the list of
+    row counts it saw."""
+    seen = []
+    step = plain.decode_step
+
+    def both(tokens: Tensor, cache):
+        ours, _ = native.decode_step(tokens, copy.copy(cache))
+        written = [k[cache.length].clone() for k in cache.self_k + cache.self_v]
+        theirs, after = step.plain(tokens, cache)
+        torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+        for a, b in zip(written, [k[cache.length] for k in cache.self_k + cache.self_v], strict=True):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)  # the keys and values the C step cached
+        seen.append(tokens.size(0))
+        return theirs, after
+
+    plain.decode_step = both
+    return seen
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(norm="pre"), dict(activation="gelu", output_bias=True),
+                                     dict(activation="swish", tie_output=False)], ids=str)
+def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
+    native, plain = models("fp32", **changes)
+    seen = checked(native, plain, rtol=1e-5, atol=1e-5)
+    src = pad(SOURCES, [], [])
+    beam_search(plain, src, beam=3, max_len_a=0.0, max_len_b=12)
+    greedy(plain, src, max_len_a=0.0, max_len_b=12)
+    assert 9 in seen and 3 in seen  # beams of three sentences, then greedy's three rows
+
+
+def test_int8_step_multiplies_rows_quantized_each_on_its_own():
+    """The C int8 step against the plain step with each int8 layer replaced by a reference in PyTorch: the
+    activations of each row scaled by their own largest magnitude to [-127, 127], the weights PyTorch quantized."""
+    native, plain = models("int8")
+    for name, module in list(plain.named_modules()):
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            parent, _, child = name.rpartition(".")
+            setattr(plain.get_submodule(parent), child, RowInt8Linear(module))
+    seen = checked(native, plain, rtol=1e-4, atol=1e-4)
+    beam_search(plain, pad(SOURCES, [], []), beam=2, max_len_a=0.0, max_len_b=10)
+    assert seen[0] == 6
+
+
+class RowInt8Linear(nn.Module):
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        weight = layer.weight()
+        self.weight = weight.int_repr().clamp(min=-127).double() * weight.q_per_channel_scales()[:, None]
+        self.bias = layer.bias()
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.size(-1)).float()
+        amax = rows.abs().amax(dim=1, keepdim=True)
+        scale = torch.where(amax > 0, amax / 127, 1.0)
+        q = (rows * (1 / scale)).round()  # in float32, as the C step rounds
+        y = (q.double() * scale.double()) @ self.weight.t()
+        y = y if self.bias is None else y + self.bias
+        return y.float().view(*x.shape[:-1], -1)
+
+
+def test_int8_translates_as_fp32_does():
+    """A trained-like check without training: int8 logits stay within a small fraction of fp32's spread."""
+    native, _ = models("int8")
+    fp32, _ = models("fp32")
+    src = pad(SOURCES, [], [])
+    for model in (native, fp32):
+        model.cache = model.start_cache(*model.encode(src), 4)
+    tokens = torch.full((3,), BOS)
+    for _ in range(3):
+        a, native.cache = native.decode_step(tokens, native.cache)
+        b, fp32.cache = fp32.decode_step(tokens, fp32.cache)
+        assert (a - b).abs().max() < 0.05 * (b.max() - b.min())
+        tokens = b.argmax(-1)
+
+
+def test_more_rows_than_the_c_step_takes_decode_in_pytorch(monkeypatch):
+    native, _ = models("fp32")
+    called = []
+    monkeypatch.setattr(native.decode_step, "plain", lambda tokens, cache: called.append(len(tokens)) or (
+        torch.zeros(len(tokens), 40), cache))
+    native.decode_step.max_rows = 2
+    cache = native.start_cache(*native.encode(pad(SOURCES, [], [])), 4)
+    native.decode_step(torch.full((3,), BOS), cache)
+    assert called == [3]
+
+
+def test_switched_off_and_named(monkeypatch):
+    model = for_inference(tiny_model(), "fp32")
+    assert "decoding step: C (AVX2), fp32, up to 8 rows" in fast_paths(model)
+    assert not isinstance(for_inference(tiny_model(), "bf16").decode_step, NativeDecodeStep)
+    monkeypatch.setenv("MT_NATIVE", "0")
+    assert not isinstance(for_inference(tiny_model(), "fp32").decode_step, NativeDecodeStep)
+    monkeypatch.setenv("MT_NATIVE", "2")
+    with pytest.raises(mt.errors.MtError, match="MT_NATIVE"):
+        mt.model.native_step.enabled()
