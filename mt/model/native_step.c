@@ -42,7 +42,8 @@ ALWAYS_INLINE void f32_block(const float *x, int rows, int in, int out, const fl
     for (int o = 0; o < out; o += 8) {
         int whole = out - o >= 8;
         __m256i m = tail_mask(out - o);
-        __m256 wv[8];
+        __m256 wv[16];
+        for (int k = 0; k < kb; k++) _mm_prefetch((const char *)(wi + (size_t)k * out + o + 128), _MM_HINT_T0);
         for (int k = 0; k < kb; k++)
             wv[k] = whole ? _mm256_loadu_ps(wi + (size_t)k * out + o) : _mm256_maskload_ps(wi + (size_t)k * out + o, m);
         for (int r = 0; r < rows; r++) {
@@ -68,6 +69,7 @@ static void linear_f32(const float *x, int rows, int in, int out, Linear l, floa
         else memset(y + (size_t)r * out, 0, sizeof(float) * out);
     }
     int i = 0;
+    for (; i + 16 <= in; i += 16) f32_block(x, rows, in, out, l.weight, i, 16, y);
     for (; i + 8 <= in; i += 8) f32_block(x, rows, in, out, l.weight, i, 8, y);
     for (; i < in; i++) f32_block(x, rows, in, out, l.weight, i, 1, y);
 }

@@ -36,7 +36,7 @@ SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
 ACTIVATIONS = {"relu": 0, "gelu": 1, "swish": 2}
 PER_LAYER = 24  # parameter slots per decoder layer, in native_step.c's order
-MAX_ROWS = {"fp32": 8, "int8": 8}  # up to these rows the C step is the faster one (docs/performance.md)
+MAX_ROWS = {"fp32": 8, "int8": 4}  # up to these rows the C step is the faster one (docs/performance.md)
 
 
 def enabled() -> bool:
