@@ -22,10 +22,13 @@ Decoding (`for_inference`):
   scale per output channel.
 - `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused, for
   a few rows.
+- `mt.model.native_step.NativeDecodeStep`: on x86 CPUs with AVX2, the whole decoding step in C for up to a few
+  rows (a lone sentence, a small beam), fp32 or int8.
 
 Switches (environment variables):
 - `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
   applies int8 quantization when that precision is asked for. `MT_FAST=1` (the default) turns them on.
+- `MT_NATIVE=0` keeps decoding in PyTorch, without the C step.
 - `MT_CPU_MATMUL=mkl|onednn|auto` chooses the fp32 CPU matmul kernel of the fast linears (see mt/model/fast_linear.py).
 """
 
@@ -85,9 +88,9 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     in decoding steps.
 
     int8 quantizes every linear layer's weights once, a scale per output channel, and each activation on the fly
-    (CPU only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch,
-    so an int8 translation may change slightly with the sentences batched beside it; fp32 translates a sentence
-    the same alone or in any batch.
+    (CPU only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch
+    (a row, in the C step of a few rows), so an int8 translation may change slightly with the sentences batched
+    beside it; fp32 translates a sentence the same alone or in any batch.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
