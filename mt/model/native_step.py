@@ -36,7 +36,7 @@ SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
 ACTIVATIONS = {"relu": 0, "gelu": 1, "swish": 2}
 PER_LAYER = 24  # parameter slots per decoder layer, in native_step.c's order
-MAX_ROWS = {"fp32": 8, "int8": 4}  # up to these rows the C step is the faster one (docs/performance.md)
+PRECISIONS = ("fp32", "int8")
 
 
 def enabled() -> bool:
@@ -66,36 +66,55 @@ def library() -> ctypes.CDLL | None:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "native"
-    path = folder / f"native_step-{key}.so"
-    if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # renamed into place: no half-written library
-        built = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True,
-                               text=True)
-        if built.returncode != 0:
-            partial.unlink(missing_ok=True)
-            warnings.warn(f"mt: could not compile {SOURCE.name}; decoding stays in PyTorch:\n{built.stderr[-2000:]}",
-                          stacklevel=2)
-            return None
-        os.replace(partial, path)
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(compiled(compiler)))
+    except (OSError, subprocess.CalledProcessError) as e:  # no cache to write, a noexec one, the compiler failed
+        detail = e.stderr[-2000:] if isinstance(e, subprocess.CalledProcessError) else e
+        warnings.warn(f"mt: no C decoding step ({SOURCE.name}: {detail}); decoding stays in PyTorch", stacklevel=2)
+        return None
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
     lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer]
     lib.mt_step.restype = i32
     return lib
 
 
+def compiled(compiler: str) -> Path:
+    """The shared library of native_step.c in mt's cache, compiled first if it is not there."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "native"
+    path = folder / f"native_step-{key}.so"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # renamed into place: no half-written library
+        try:
+            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True,
+                           check=True)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    return path
+
+
 def install(model: nn.Module, precision: str) -> None:
     """Swaps `NativeDecodeStep` in for the decoding step of each CPU Transformer in `model` (from
     `for_inference`, fp32 or int8), where the C step runs on this machine."""
-    if precision not in MAX_ROWS or not enabled():
+    if precision not in PRECISIONS or not enabled():
         return
     for module in model.modules():
         if (isinstance(module, Transformer) and not isinstance(module.decode_step, NativeDecodeStep)
                 and supported(module, precision) and library() is not None):
-            module.decode_step = NativeDecodeStep(module, precision, MAX_ROWS[precision])
+            module.decode_step = NativeDecodeStep(module, precision, max_rows(module, precision))
+
+
+def max_rows(model: Transformer, precision: str) -> int:
+    """Up to how many rows the C step is the faster one (docs/performance.md): 8 in fp32. Its int8 products are bound
+    by arithmetic from a few rows on, where PyTorch's int8 matmuls are not: a decoder of a few million weights
+    still gains at 4 rows (its PyTorch step is mostly fixed costs), one of tens of millions only at one."""
+    if precision == "fp32":
+        return 8
+    cfg = model.cfg
+    weights = cfg.n_dec_layers * (8 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.tgt_vocab_size
+    return 4 if weights <= 12_000_000 else 1  # small preset 4.8M: 1.7-1.9x at 4 rows; base 26M: 0.91-0.94x
 
 
 def supported(model: Transformer, precision: str) -> bool:

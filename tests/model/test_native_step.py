@@ -55,7 +55,8 @@ def checked(native: nn.Module, plain: nn.Module, rtol: float, atol: float) -> li
 
 
 @pytest.mark.parametrize("changes", [dict(), dict(norm="pre"), dict(activation="gelu", output_bias=True),
-                                     dict(activation="swish", tie_output=False)], ids=str)
+                                     dict(activation="swish", tie_output=False),
+                                     dict(d_model=36, d_ff=52, vocab=45)], ids=str)  # widths off the vectors' 8 and 16
 def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
     native, plain = models("fp32", **changes)
     seen = checked(native, plain, rtol=1e-5, atol=1e-5)
@@ -65,10 +66,11 @@ def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
     assert 9 in seen and 3 in seen  # beams of three sentences, then greedy's three rows
 
 
-def test_int8_step_multiplies_rows_quantized_each_on_its_own():
+@pytest.mark.parametrize("changes", [dict(), dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
+def test_int8_step_multiplies_rows_quantized_each_on_its_own(changes):
     """The C int8 step against the plain step with each int8 layer replaced by a reference in PyTorch: the
     activations of each row scaled by their own largest magnitude to [-127, 127], the weights PyTorch quantized."""
-    native, plain = models("int8")
+    native, plain = models("int8", **changes)
     for name, module in list(plain.named_modules()):
         if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
             parent, _, child = name.rpartition(".")
@@ -130,3 +132,16 @@ def test_switched_off_and_named(monkeypatch):
     monkeypatch.setenv("MT_NATIVE", "2")
     with pytest.raises(mt.errors.MtError, match="MT_NATIVE"):
         mt.model.native_step.enabled()
+
+
+def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="decoding stays in PyTorch"):
+            model = for_inference(tiny_model(), "fp32")
+        assert not isinstance(model.decode_step, NativeDecodeStep)
+        assert not list((tmp_path / "native").iterdir())  # no half-written library left behind
+    finally:
+        library.cache_clear()
