@@ -62,6 +62,30 @@ ALWAYS_INLINE void f32_block(const float *x, int rows, int in, int out, const fl
     }
 }
 
+/* One row: 12 of x's inputs held broadcast in registers for a whole sweep over the outputs, the weights read straight
+ * into the multiply-adds: one load per multiply-add, and no prefetching (both measured faster for a lone row). */
+ALWAYS_INLINE void f32_row_block(const float *x, int out, const float *w, int i, const int kb, float *y) {
+    const float *wi = w + (size_t)i * out;
+    __m256 xv[12];
+    for (int k = 0; k < kb; k++) xv[k] = _mm256_broadcast_ss(x + i + k);
+    int o = 0;
+    for (; o + 8 <= out; o += 8) {
+        __m256 a = _mm256_loadu_ps(y + o), b = _mm256_setzero_ps();
+        for (int k = 0; k + 1 < kb; k += 2) {
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(wi + (size_t)k * out + o), xv[k], a);
+            b = _mm256_fmadd_ps(_mm256_loadu_ps(wi + (size_t)(k + 1) * out + o), xv[k + 1], b);
+        }
+        if (kb % 2) a = _mm256_fmadd_ps(_mm256_loadu_ps(wi + (size_t)(kb - 1) * out + o), xv[kb - 1], a);
+        _mm256_storeu_ps(y + o, _mm256_add_ps(a, b));
+    }
+    if (o < out) {
+        __m256i m = tail_mask(out - o);
+        __m256 a = _mm256_maskload_ps(y + o, m);
+        for (int k = 0; k < kb; k++) a = _mm256_fmadd_ps(_mm256_maskload_ps(wi + (size_t)k * out + o, m), xv[k], a);
+        _mm256_maskstore_ps(y + o, m, a);
+    }
+}
+
 /* fp32: y (rows, out) = x (rows, in) @ w (in, out) + bias. */
 static void linear_f32(const float *x, int rows, int in, int out, Linear l, float *y) {
     for (int r = 0; r < rows; r++) {
@@ -69,6 +93,12 @@ static void linear_f32(const float *x, int rows, int in, int out, Linear l, floa
         else memset(y + (size_t)r * out, 0, sizeof(float) * out);
     }
     int i = 0;
+    if (rows == 1) {
+        for (; i + 12 <= in; i += 12) f32_row_block(x, out, l.weight, i, 12, y);
+        for (; i + 4 <= in; i += 4) f32_row_block(x, out, l.weight, i, 4, y);
+        for (; i < in; i++) f32_row_block(x, out, l.weight, i, 1, y);
+        return;
+    }
     for (; i + 16 <= in; i += 16) f32_block(x, rows, in, out, l.weight, i, 16, y);
     for (; i + 8 <= in; i += 8) f32_block(x, rows, in, out, l.weight, i, 8, y);
     for (; i < in; i++) f32_block(x, rows, in, out, l.weight, i, 1, y);
