@@ -132,7 +132,7 @@ class NativeDecodeStep:
     def __init__(self, model: Transformer, precision: str, max_rows: int):
         cfg = model.cfg
         self.plain = model.decode_step
-        self.max_rows, self.precision, self.n_layers = max_rows, precision, cfg.n_dec_layers
+        self.max_rows, self.precision = max_rows, precision
         self.vocab, self.max_len = cfg.tgt_vocab_size, cfg.max_len
         self.keep: list[Tensor] = []  # every tensor the C step points into stays alive with it
         slots = []
@@ -144,6 +144,7 @@ class NativeDecodeStep:
                 slots += self.norm_slots(residual.norm)
         slots += [self.kept(model.tgt_embed.weight), self.kept(model.positions)]
         slots += self.norm_slots(model.dec_norm) + self.linear_slots(model.output)
+        assert len(slots) == cfg.n_dec_layers * PER_LAYER + 7, "the slots must match native_step.c's layout"
         self.params = (ctypes.c_void_p * len(slots))(*slots)
         eps = next((m.eps for m in [*model.decoder.modules(), model.dec_norm] if isinstance(m, nn.LayerNorm)), 1e-5)
         self.dims = self.kept(torch.tensor([cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_dec_layers, cfg.tgt_vocab_size,
@@ -179,7 +180,7 @@ class NativeDecodeStep:
         if (rows > self.max_rows or t >= min(cache.self_k[0].size(0), self.max_len) or tokens.device.type != "cpu"
                 or torch.is_autocast_enabled("cpu") or not all(b.is_contiguous() for b in buffers)):
             return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
-        tokens = tokens.contiguous()
+        tokens = tokens.long().contiguous()
         src_mask = cache.src_mask.contiguous()
         logits = torch.empty(rows, self.vocab)
         status = self.step(self.dims, self.eps_scale, self.params, rows, t, cache.beam,
