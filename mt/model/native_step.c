@@ -168,9 +168,9 @@ typedef struct {
     int8_t *q;     /* int8 activations */
     float *sx;     /* their scales */
     int32_t *acc;  /* their products' sums */
-} Model;
+} Scratch;
 
-static void linear(const Model *m, const float *x, int rows, int in, int out, void *const *slot, float *y) {
+static void linear(const Scratch *m, const float *x, int rows, int in, int out, void *const *slot, float *y) {
     Linear l = linear_at(slot);
     if (m->dims[INT8]) linear_i8(x, rows, in, out, l, y, m->q, m->sx, m->acc);
     else linear_f32(x, rows, in, out, l, y);
@@ -225,7 +225,7 @@ static void activate(float *x, size_t n, int kind) {
 }
 
 /* x += y, then x = LayerNorm(x) after a post-norm sublayer. */
-static void add_residual(const Model *m, float *x, const float *y, int rows, void *const *norm, float eps) {
+static void add_residual(const Scratch *m, float *x, const float *y, int rows, void *const *norm, float eps) {
     int d = m->dims[D_MODEL];
     for (size_t i = 0; i < (size_t)rows * d; i++) x[i] += y[i];
     if (!m->dims[PRE_NORM]) layer_norm(x, rows, d, norm, eps, x);
@@ -234,8 +234,8 @@ static void add_residual(const Model *m, float *x, const float *y, int rows, voi
 /* The step for `rows` rows at position t: `beam` rows per sentence, n_src source positions. `caches` holds per
  * layer the self-attention keys and values, (max steps, rows, H, Dh), and the encoder memory's keys and values,
  * (sentences, H, n_src, Dh); `src_mask` (sentences, n_src) is 1 where a source position is not padding. Writes
- * this step's keys and values into the caches and the logits, (rows, vocab), into `logits`. Returns 0, or -1 when
- * out of memory. */
+ * this step's keys and values into the caches and the logits, (rows, vocab), into `logits`. Returns 0; -1 when out
+ * of memory, -2 for a token outside the vocabulary (nothing written then). */
 int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int t, int beam, int n_src,
             const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits) {
     int d = dims[D_MODEL], h = dims[HEADS], dh = d / h, ff = dims[D_FF], n_layers = dims[LAYERS];
@@ -243,17 +243,22 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     size_t widest = (size_t)(3 * d > ff ? 3 * d : ff);
     int longest = t + 1 > n_src ? t + 1 : n_src;
     float *x = malloc(sizeof(float) * ((size_t)rows * (d + d + widest + d) + longest));
-    int8_t *q = malloc((size_t)rows * (ff > d ? ff : d));
-    float *sx = malloc(sizeof(float) * rows);
-    size_t outputs = widest > (size_t)dims[VOCAB] ? widest : (size_t)dims[VOCAB];
-    int32_t *acc = malloc(sizeof(int32_t) * rows * (outputs + 8));
-    if (!x || !q || !sx || !acc) {
+    size_t outputs = widest > (size_t)dims[VOCAB] ? widest : (size_t)dims[VOCAB], int8 = dims[INT8] != 0;
+    int8_t *q = int8 ? malloc((size_t)rows * (ff > d ? ff : d)) : NULL; /* int8's scratch, only there */
+    float *sx = int8 ? malloc(sizeof(float) * rows) : NULL;
+    int32_t *acc = int8 ? malloc(sizeof(int32_t) * rows * (outputs + 8)) : NULL;
+    if (!x || (int8 && (!q || !sx || !acc))) {
         free(x); free(q); free(sx); free(acc);
         return -1;
     }
+    for (int r = 0; r < rows; r++)
+        if (tokens[r] < 0 || tokens[r] >= dims[VOCAB]) {
+            free(x); free(q); free(sx); free(acc);
+            return -2;
+        }
     float *normed = x + (size_t)rows * d, *wide = normed + (size_t)rows * d, *mixed = wide + (size_t)rows * widest;
     float *scores = mixed + (size_t)rows * d;
-    Model m = {dims, q, sx, acc};
+    Scratch m = {dims, q, sx, acc};
     void *const *tail = params + (size_t)n_layers * PER_LAYER;
     const float *embed = tail[EMBED], *position = (const float *)tail[POSITIONS] + (size_t)t * d;
 

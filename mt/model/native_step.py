@@ -20,8 +20,11 @@ import ctypes
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
+import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -58,19 +61,27 @@ def cpu_has_avx2() -> bool:
     return " fma" in flags and " avx2" in flags
 
 
-@functools.cache
+LOCK = threading.Lock()  # one compilation at a time, and one answer, for threads loading models at once
+
+
 def library() -> ctypes.CDLL | None:
     """native_step.c compiled and loaded, or None where it cannot run (see the module docstring)."""
+    with LOCK:
+        return load()
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
     if not cpu_has_avx2():
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    if not compiler[0]:
         return None
     try:
         lib = ctypes.CDLL(str(compiled(compiler)))
     except (OSError, subprocess.CalledProcessError) as e:  # no cache to write, a noexec one, the compiler failed
         detail = e.stderr[-2000:] if isinstance(e, subprocess.CalledProcessError) else e
-        warnings.warn(f"mt: no C decoding step ({SOURCE.name}: {detail}); decoding stays in PyTorch", stacklevel=2)
+        warnings.warn(f"mt: no C decoding step ({SOURCE.name}: {detail}); decoding stays in PyTorch", stacklevel=3)
         return None
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
     lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer]
@@ -78,17 +89,19 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def compiled(compiler: str) -> Path:
+def compiled(compiler: list[str]) -> Path:
     """The shared library of native_step.c in mt's cache, compiled first if it is not there."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*compiler, *FLAGS]).encode()).hexdigest()[:16]
     folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "native"
     path = folder / f"native_step-{key}.so"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # renamed into place: no half-written library
+        handle, name = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".partial")  # renamed into place
+        os.close(handle)
+        partial = Path(name)
         try:
-            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True, text=True,
-                           check=True)
+            subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True,
+                           text=True, check=True)
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
@@ -113,7 +126,8 @@ def max_rows(model: Transformer, precision: str) -> int:
     if precision == "fp32":
         return 8
     cfg = model.cfg
-    weights = cfg.n_dec_layers * (8 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.tgt_vocab_size
+    # a step's weights: per layer self-attention's 4 d^2, cross-attention's query and output 2 d^2, the FFN's 2 d d_ff
+    weights = cfg.n_dec_layers * (6 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.tgt_vocab_size
     return 4 if weights <= 12_000_000 else 1  # small preset 4.8M: 1.7-1.9x at 4 rows; base 26M: 0.91-0.94x
 
 
@@ -121,19 +135,27 @@ def supported(model: Transformer, precision: str) -> bool:
     """Whether the C step computes this model: on CPU in fp32, its layer norms with one epsilon, and in int8 its
     widths in whole groups of four (the packed weights' groups)."""
     cfg, embed = model.cfg, model.tgt_embed.weight
-    eps = {m.eps for m in [*model.decoder.modules(), model.dec_norm] if isinstance(m, nn.LayerNorm)}
-    return (embed.device.type == "cpu" and embed.dtype == torch.float32 and len(eps) <= 1
+    return (embed.device.type == "cpu" and embed.dtype == torch.float32 and len(norm_eps(model)) <= 1
             and (precision != "int8" or (cfg.d_model % 4 == 0 and cfg.d_ff % 4 == 0)))
+
+
+def norm_eps(model: Transformer) -> set[float]:
+    return {m.eps for m in [*model.decoder.modules(), model.dec_norm] if isinstance(m, nn.LayerNorm)}
 
 
 class NativeDecodeStep:
     """`Transformer.decode_step` through native_step.c for up to `max_rows` rows, the model's own for more."""
 
     def __init__(self, model: Transformer, precision: str, max_rows: int):
-        cfg = model.cfg
-        self.plain = model.decode_step
+        self.model, self.plain = model, model.decode_step
         self.max_rows, self.precision = max_rows, precision
-        self.vocab, self.max_len = cfg.tgt_vocab_size, cfg.max_len
+        self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
+        self.step = library().mt_step
+        self.layout()
+
+    def layout(self) -> None:
+        """Points the C step at the model's weights as they are now (`sources` notes them, to see a change)."""
+        model, cfg = self.model, self.model.cfg
         self.keep: list[Tensor] = []  # every tensor the C step points into stays alive with it
         slots = []
         for layer in model.decoder:
@@ -144,13 +166,34 @@ class NativeDecodeStep:
                 slots += self.norm_slots(residual.norm)
         slots += [self.kept(model.tgt_embed.weight), self.kept(model.positions)]
         slots += self.norm_slots(model.dec_norm) + self.linear_slots(model.output)
-        assert len(slots) == cfg.n_dec_layers * PER_LAYER + 7, "the slots must match native_step.c's layout"
+        if len(slots) != cfg.n_dec_layers * PER_LAYER + 7:
+            raise RuntimeError("the C decoding step's parameter slots do not match native_step.c's layout")
         self.params = (ctypes.c_void_p * len(slots))(*slots)
-        eps = next((m.eps for m in [*model.decoder.modules(), model.dec_norm] if isinstance(m, nn.LayerNorm)), 1e-5)
         self.dims = self.kept(torch.tensor([cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_dec_layers, cfg.tgt_vocab_size,
-                                            cfg.norm == "pre", ACTIVATIONS[cfg.activation], precision == "int8"]))
-        self.eps_scale = self.kept(torch.tensor([eps, model.scale], dtype=torch.float32))
-        self.step = library().mt_step
+                                            cfg.norm == "pre", ACTIVATIONS[cfg.activation], self.precision == "int8"],
+                                           dtype=torch.int64))
+        self.eps_scale = self.kept(torch.tensor([next(iter(norm_eps(model)), 1e-5), model.scale], dtype=torch.float32))
+        self.sources = self.weights_now()
+
+    def weights_now(self) -> list[tuple[object, int]]:
+        """The objects holding the first and the last layers' weights, and where their data lie: what changes when
+        the model is converted, moved, shared or loaded again after `for_inference`."""
+        found = []
+        for layer in (self.model.decoder[0].self_attn.qkv, self.model.output):
+            held = layer._packed_params._packed_params if self.precision == "int8" else layer.weight_t
+            found.append((held, 0 if self.precision == "int8" else held.data_ptr()))
+        return found
+
+    def current(self) -> bool:
+        """Whether the laid-out weights are still the model's, laid out again if they can be; False when the model is
+        no longer one the C step computes (converted to another dtype, say)."""
+        now = self.weights_now()
+        if all(a is b and p == q for (a, p), (b, q) in zip(now, self.sources, strict=True)):
+            return True
+        if not supported(self.model, self.precision):
+            return False
+        self.layout()
+        return True
 
     def kept(self, t: Tensor | None) -> int | None:
         """The address of t's data (None for None), t kept alive as long as this step."""
@@ -170,26 +213,37 @@ class NativeDecodeStep:
         if self.precision == "int8":
             weight, scale, bias = int8_packed(layer)
             return [self.kept(weight), self.kept(scale), self.kept(bias)]
-        weight_t = layer.weight_t if hasattr(layer, "weight_t") else layer.weight.t()  # (in, out)
-        return [self.kept(weight_t), None, self.kept(layer.bias)]
+        return [self.kept(layer.weight_t), None, self.kept(layer.bias)]  # FrozenLinear's (in, out) weight
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        t, rows = cache.length, tokens.size(0)
+        if not self.fits(tokens, cache):
+            return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
+        rows, t = tokens.size(0), cache.length
         buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
                    for b in layer]
-        if (rows > self.max_rows or t >= min(cache.self_k[0].size(0), self.max_len) or tokens.device.type != "cpu"
-                or torch.is_autocast_enabled("cpu") or not all(b.is_contiguous() for b in buffers)):
-            return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
-        tokens = tokens.long().contiguous()
         src_mask = cache.src_mask.contiguous()
-        logits = torch.empty(rows, self.vocab)
-        status = self.step(self.dims, self.eps_scale, self.params, rows, t, cache.beam,
-                           src_mask.size(-1), tokens.data_ptr(), (ctypes.c_void_p * len(buffers))(
-                               *[b.data_ptr() for b in buffers]), src_mask.data_ptr(), logits.data_ptr())
+        logits = torch.empty(rows, self.vocab, dtype=torch.float32)
+        status = self.step(self.dims, self.eps_scale, self.params, rows, t, cache.beam, src_mask.size(-1),
+                           tokens.long().contiguous().data_ptr(),
+                           (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers]), src_mask.data_ptr(),
+                           logits.data_ptr())
+        if status == -2:
+            return self.plain(tokens, cache)  # a token outside the vocabulary: PyTorch's step says so
         if status != 0:
-            raise MemoryError("the native decoding step could not allocate its working memory")
+            raise MemoryError("the C decoding step could not allocate its working memory")
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam)
+
+    def fits(self, tokens: Tensor, cache: DecoderCache) -> bool:
+        """Whether the C step takes this step: few enough rows on CPU, outside autocast, within the cache and the
+        positions, every buffer fp32 and contiguous in the shapes it reads, the weights still laid out."""
+        rows, t, k = tokens.size(0), cache.length, cache.self_k[0]
+        if (rows > self.max_rows or tokens.device.type != "cpu" or torch.is_autocast_enabled("cpu")
+                or t >= min(k.size(0), self.max_len) or k.size(1) != rows
+                or cache.mem_k[0].size(0) * cache.beam != rows or cache.src_mask.dtype != torch.bool):
+            return False
+        buffers = [*cache.self_k, *cache.self_v, *cache.mem_k, *cache.mem_v]
+        return all(b.dtype == torch.float32 and b.is_contiguous() for b in buffers) and self.current()
 
 
 def int8_packed(layer: nn.Module) -> tuple[Tensor, Tensor, Tensor | None]:
