@@ -141,7 +141,7 @@ def fast_paths(model: nn.Module) -> list[str]:
     native = next((m.decode_step for m in model.modules()
                    if isinstance(getattr(m, "decode_step", None), mt.model.native_step.NativeDecodeStep)), None)
     if native is not None:
-        found.append(f"decoding step: C (AVX2), {native.precision}, up to {native.max_rows} row"
+        found.append(f"decoding step: C ({native.instruction_set}), {native.precision}, up to {native.max_rows} row"
                      + ("s" if native.max_rows > 1 else ""))
     return found
 

@@ -1,5 +1,5 @@
 /* One decoding step of mt's Transformer (mt/model/transformer.py, `decode_step`) for a few rows, in C with AVX2
- * and FMA: the target embedding, the decoder layers and the output layer in one call, fp32 or int8.
+ * and FMA (and AVX-512 VNNI for int8 where the CPU has it): the target embedding, the decoder layers and the output layer in one call, fp32 or int8.
  * mt/model/native_step.py compiles it, lays out the weights and calls `mt_step`; it says why this exists. */
 
 #include <immintrin.h>
@@ -116,12 +116,19 @@ static void quantize_rows(const float *x, int rows, int in, int8_t *q, float *sx
     }
 }
 
-/* Sums of four int8 products per 32-bit lane. The sign of x moves onto w so that maddubs multiplies |x| (unsigned)
- * by signed w: pairs then stay within 2 * 127 * 127, under int16's limit, and nothing saturates. */
+/* Sums of four int8 products per 32-bit lane. The sign of x moves onto w so that the unsigned-by-signed products
+ * multiply |x| by ±w: with AVX2's maddubs, pairs then stay within 2 * 127 * 127, under int16's limit, and nothing
+ * saturates; built for AVX-512 VNNI (native_step.py chooses), one vpdpbusd sums the four exactly. The same sums. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
+    return _mm256_dpbusd_epi32(acc, _mm256_sign_epi8(x4, x4), _mm256_sign_epi8(w, x4));
+}
+#else
 ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
     __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x4, x4), _mm256_sign_epi8(w, x4));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
+#endif
 
 /* int32 sums of `kb` groups of four inputs, streamed as in f32_block. */
 ALWAYS_INLINE void i8_block(const int8_t *q, int rows, int in, int padded, const int8_t *w, int g, const int kb,

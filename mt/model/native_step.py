@@ -8,10 +8,11 @@ reading its weights costs.
 
 `install(model, precision)` (called by `mt.model.fast.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model: up to `max_rows` rows it runs the C step, above them, or under
-autocast, PyTorch's. The C source is compiled once per machine by the system's C compiler into
-`$MT_CACHE/native` (default ~/.cache/mt/native); without a compiler, on a CPU without AVX2 and FMA, or with
-`MT_NATIVE=0`, decoding stays in PyTorch. int8 here quantizes each row of activations on its own, symmetric, where
-PyTorch's int8 layers scale a whole batch at once: the same weights, slightly different rounding.
+autocast, PyTorch's. The C source is compiled once per machine by the system's C compiler into `$MT_CACHE/native`
+(default ~/.cache/mt/native): for AVX2, or for AVX-512 with VNNI where PyTorch runs AVX-512 and the CPU has VNNI
+(int8's sums of four products then take one instruction). Without a compiler, on a CPU without AVX2 and FMA, or
+with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here quantizes each row of activations on its own, symmetric,
+where PyTorch's int8 layers scale a whole batch at once: the same weights, slightly different rounding.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from mt.model.transformer import Transformer
 
 SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
+# int8: sums of four products in one instruction, where PyTorch runs AVX-512 (not under ATEN_CPU_CAPABILITY=avx2)
+VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 ACTIVATIONS = {"relu": 0, "gelu": 1, "swish": 2}
 PER_LAYER = 24  # parameter slots per decoder layer, in native_step.c's order
 PRECISIONS = ("fp32", "int8")
@@ -50,15 +53,19 @@ def enabled() -> bool:
     return value == "1"
 
 
-def cpu_has_avx2() -> bool:
-    """Whether this CPU runs native_step.c: x86 with AVX2 and FMA (every AVX2 CPU since 2013 has FMA)."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return False
+def instruction_set() -> str | None:
+    """What native_step.c is built for on this CPU: "AVX-512 VNNI" or "AVX2" (with FMA, which every AVX2 CPU since
+    2013 has), as far as PyTorch's own capability goes; None on other CPUs."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return None
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return True  # PyTorch found AVX2 and there is no cpuinfo to ask (macOS): every such CPU has FMA
-    return " fma" in flags and " avx2" in flags
+        return "AVX2"  # PyTorch found AVX2 and there is no cpuinfo to ask (macOS)
+    if not {"avx2", "fma"} <= flags:
+        return None
+    return "AVX-512 VNNI" if capability == "AVX512" and {"avx512_vnni", "avx512vl", "avx512bw"} <= flags else "AVX2"
 
 
 LOCK = threading.Lock()  # one compilation at a time, and one answer, for threads loading models at once
@@ -72,13 +79,14 @@ def library() -> ctypes.CDLL | None:
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    if not cpu_has_avx2():
+    isa = instruction_set()
+    if isa is None:
         return None
     compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
     if not compiler[0]:
         return None
     try:
-        lib = ctypes.CDLL(str(compiled(compiler)))
+        lib = ctypes.CDLL(str(compiled(compiler, FLAGS + (VNNI_FLAGS if isa == "AVX-512 VNNI" else []))))
     except (OSError, subprocess.CalledProcessError) as e:  # no cache to write, a noexec one, the compiler failed
         detail = e.stderr[-2000:] if isinstance(e, subprocess.CalledProcessError) else e
         warnings.warn(f"mt: no C decoding step ({SOURCE.name}: {detail}); decoding stays in PyTorch", stacklevel=3)
@@ -86,12 +94,13 @@ def load() -> ctypes.CDLL | None:
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
     lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer]
     lib.mt_step.restype = i32
+    lib.instruction_set = isa
     return lib
 
 
-def compiled(compiler: list[str]) -> Path:
-    """The shared library of native_step.c in mt's cache, compiled first if it is not there."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*compiler, *FLAGS]).encode()).hexdigest()[:16]
+def compiled(compiler: list[str], flags: list[str]) -> Path:
+    """The shared library of native_step.c in mt's cache, compiled with `flags` first if it is not there."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*compiler, *flags]).encode()).hexdigest()[:16]
     folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "native"
     path = folder / f"native_step-{key}.so"
     if not path.exists():
@@ -100,7 +109,7 @@ def compiled(compiler: list[str]) -> Path:
         os.close(handle)
         partial = Path(name)
         try:
-            subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True,
+            subprocess.run([*compiler, *flags, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True,
                            text=True, check=True)
             os.replace(partial, path)
         finally:
@@ -150,7 +159,8 @@ class NativeDecodeStep:
         self.model, self.plain = model, model.decode_step
         self.max_rows, self.precision = max_rows, precision
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
-        self.step = library().mt_step
+        lib = library()
+        self.step, self.instruction_set = lib.mt_step, lib.instruction_set
         self.layout()
 
     def layout(self) -> None:
