@@ -159,6 +159,7 @@ class NativeDecodeStep:
         self.model, self.plain = model, model.decode_step
         self.max_rows, self.precision = max_rows, precision
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
+        self.watched = (model.decoder[0].self_attn.qkv, model.output)  # looked up once: a step is microseconds
         lib = library()
         self.step, self.instruction_set = lib.mt_step, lib.instruction_set
         self.layout()
@@ -189,7 +190,7 @@ class NativeDecodeStep:
         """The objects holding the first and the last layers' weights, and where their data lie: what changes when
         the model is converted, moved, shared or loaded again after `for_inference`."""
         found = []
-        for layer in (self.model.decoder[0].self_attn.qkv, self.model.output):
+        for layer in self.watched:
             held = layer._packed_params._packed_params if self.precision == "int8" else layer.weight_t
             found.append((held, 0 if self.precision == "int8" else held.data_ptr()))
         return found
