@@ -227,11 +227,11 @@ class NativeDecodeStep:
         return [self.kept(layer.weight_t), None, self.kept(layer.bias)]  # FrozenLinear's (in, out) weight
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        if not self.fits(tokens, cache):
+        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
+                   for b in layer]  # per layer, in native_step.c's order
+        if not self.fits(tokens, cache, buffers):
             return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
         rows, t = tokens.size(0), cache.length
-        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
-                   for b in layer]
         src_mask = cache.src_mask.contiguous()
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)
         status = self.step(self.dims, self.eps_scale, self.params, rows, t, cache.beam, src_mask.size(-1),
@@ -245,7 +245,7 @@ class NativeDecodeStep:
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam)
 
-    def fits(self, tokens: Tensor, cache: DecoderCache) -> bool:
+    def fits(self, tokens: Tensor, cache: DecoderCache, buffers: list[Tensor]) -> bool:
         """Whether the C step takes this step: few enough rows on CPU, outside autocast, within the cache and the
         positions, every buffer fp32 and contiguous in the shapes it reads, the weights still laid out."""
         rows, t, k = tokens.size(0), cache.length, cache.self_k[0]
@@ -253,7 +253,6 @@ class NativeDecodeStep:
                 or t >= min(k.size(0), self.max_len) or k.size(1) != rows
                 or cache.mem_k[0].size(0) * cache.beam != rows or cache.src_mask.dtype != torch.bool):
             return False
-        buffers = [*cache.self_k, *cache.self_v, *cache.mem_k, *cache.mem_v]
         return all(b.dtype == torch.float32 and b.is_contiguous() for b in buffers) and self.current()
 
 
