@@ -1,5 +1,6 @@
 /* One decoding step of mt's Transformer (mt/model/transformer.py, `decode_step`) for a few rows, in C with AVX2
- * and FMA (and AVX-512 VNNI for int8 where the CPU has it): the target embedding, the decoder layers and the output layer in one call, fp32 or int8.
+ * and FMA (and AVX-512 VNNI for int8 where the CPU has it): the target embedding, the decoder layers and the output
+ * layer in one call, fp32 or int8.
  * mt/model/native_step.py compiles it, lays out the weights and calls `mt_step`; it says why this exists. */
 
 #include <immintrin.h>
@@ -12,8 +13,9 @@
 
 /* The model's sizes (`dims`, as native_step.py fills it) and its parameters (`params`): per decoder layer
  * PER_LAYER slots, then the tail. A linear layer takes three slots: weight, int8 scales (NULL in fp32), bias (or
- * NULL). fp32 weights are (in, out) row-major; int8 ones are packed (in / 4, out rounded up to 8, 4), four inputs
- * of each output side by side, and each output has its scale. */
+ * NULL). Weights are packed in panels of outputs, each panel's weights in one run: fp32 ones in panels of 16,
+ * (out rounded up to 16 / 16, in, 16); int8 ones in panels of eight, (out rounded up to 8 / 8, in / 4, 8, 4), four
+ * inputs of each output side by side, and each int8 output has its scale. */
 enum { D_MODEL, HEADS, D_FF, LAYERS, VOCAB, PRE_NORM, ACTIVATION, INT8, N_DIMS };
 enum { RELU, GELU, SILU };
 enum { QKV = 0, SELF_OUT = 3, CROSS_Q = 6, CROSS_OUT = 9, UP = 12, DOWN = 15, NORM_SELF = 18, NORM_CROSS = 20,
@@ -34,85 +36,75 @@ ALWAYS_INLINE __m256i tail_mask(int n) { /* the first n lanes of 8 (all of them 
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* The products stream the weights in the order they lie in memory, `kb` inputs' rows of the weight at a time, each
- * weight read once for all rows and added into y: the step is bound by reading the weights. */
-ALWAYS_INLINE void f32_block(const float *x, int rows, int in, int out, const float *w, int i, const int kb,
-                             float *y) {
-    const float *wi = w + (size_t)i * out;
-    for (int o = 0; o < out; o += 8) {
-        int whole = out - o >= 8;
-        __m256i m = tail_mask(out - o);
-        __m256 wv[16];
-        for (int k = 0; k < kb; k++) _mm_prefetch((const char *)(wi + (size_t)k * out + o + 128), _MM_HINT_T0);
-        for (int k = 0; k < kb; k++)
-            wv[k] = whole ? _mm256_loadu_ps(wi + (size_t)k * out + o) : _mm256_maskload_ps(wi + (size_t)k * out + o, m);
-        for (int r = 0; r < rows; r++) {
-            float *yr = y + (size_t)r * out + o;
-            const float *xr = x + (size_t)r * in + i;
-            __m256 a = whole ? _mm256_loadu_ps(yr) : _mm256_maskload_ps(yr, m), b = _mm256_setzero_ps();
-            for (int k = 0; k + 1 < kb; k += 2) {
-                a = _mm256_fmadd_ps(wv[k], _mm256_broadcast_ss(xr + k), a);
-                b = _mm256_fmadd_ps(wv[k + 1], _mm256_broadcast_ss(xr + k + 1), b);
-            }
-            if (kb % 2) a = _mm256_fmadd_ps(wv[kb - 1], _mm256_broadcast_ss(xr + kb - 1), a);
-            a = _mm256_add_ps(a, b);
-            if (whole) _mm256_storeu_ps(yr, a);
-            else _mm256_maskstore_ps(yr, m, a);
+/* fp32: R rows' sums for one panel of 16 outputs (its weights, (in, 16), lie in one run), kept in registers over
+ * all inputs, each weight read once for all R rows; added into y. A lone row sums odd and even inputs apart, so that
+ * four chains of multiply-adds run side by side. */
+ALWAYS_INLINE void f32_panel(const float *x, int in, const float *w, const int R, float *y, int out, int o) {
+    __m256 a[4][2], b[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    int i = 0;
+    if (R == 1)
+        for (; i + 2 <= in; i += 2) {
+            __m256 x0 = _mm256_broadcast_ss(x + i), x1 = _mm256_broadcast_ss(x + i + 1);
+            a[0][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)i * 16), x0, a[0][0]);
+            a[0][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)i * 16 + 8), x0, a[0][1]);
+            b[0] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)i * 16 + 16), x1, b[0]);
+            b[1] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)i * 16 + 24), x1, b[1]);
+        }
+    for (; i < in; i++) {
+        __m256 w0 = _mm256_loadu_ps(w + (size_t)i * 16), w1 = _mm256_loadu_ps(w + (size_t)i * 16 + 8);
+        for (int r = 0; r < R; r++) {
+            __m256 xb = _mm256_broadcast_ss(x + (size_t)r * in + i);
+            a[r][0] = _mm256_fmadd_ps(w0, xb, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, xb, a[r][1]);
+        }
+    }
+    a[0][0] = _mm256_add_ps(a[0][0], b[0]), a[0][1] = _mm256_add_ps(a[0][1], b[1]);
+    for (int r = 0; r < R; r++) {
+        float *yr = y + (size_t)r * out + o;
+        for (int k = 0; k < 2 && o + 8 * k < out; k++) { /* the last panel may hold fewer than 16 outputs */
+            __m256i m = tail_mask(out - o - 8 * k);
+            _mm256_maskstore_ps(yr + 8 * k, m, _mm256_add_ps(_mm256_maskload_ps(yr + 8 * k, m), a[r][k]));
         }
     }
 }
 
-/* One row: 12 of x's inputs held broadcast in registers for a whole sweep over the outputs, the weights read straight
- * into the multiply-adds: one load per multiply-add, and no prefetching (both measured faster for a lone row). */
-ALWAYS_INLINE void f32_row_block(const float *x, int out, const float *w, int i, const int kb, float *y) {
-    const float *wi = w + (size_t)i * out;
-    __m256 xv[12];
-    for (int k = 0; k < kb; k++) xv[k] = _mm256_broadcast_ss(x + i + k);
-    int o = 0;
-    for (; o + 8 <= out; o += 8) {
-        __m256 a = _mm256_loadu_ps(y + o), b = _mm256_setzero_ps();
-        for (int k = 0; k + 1 < kb; k += 2) {
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(wi + (size_t)k * out + o), xv[k], a);
-            b = _mm256_fmadd_ps(_mm256_loadu_ps(wi + (size_t)(k + 1) * out + o), xv[k + 1], b);
-        }
-        if (kb % 2) a = _mm256_fmadd_ps(_mm256_loadu_ps(wi + (size_t)(kb - 1) * out + o), xv[kb - 1], a);
-        _mm256_storeu_ps(y + o, _mm256_add_ps(a, b));
-    }
-    if (o < out) {
-        __m256i m = tail_mask(out - o);
-        __m256 a = _mm256_maskload_ps(y + o, m);
-        for (int k = 0; k < kb; k++) a = _mm256_fmadd_ps(_mm256_maskload_ps(wi + (size_t)k * out + o, m), xv[k], a);
-        _mm256_maskstore_ps(y + o, m, a);
-    }
+ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, float *y) {
+    for (int o = 0; o < out; o += 16) f32_panel(x, in, w + (size_t)o * in, R, y, out, o);
 }
 
-/* fp32: y (rows, out) = x (rows, in) @ w (in, out) + bias. */
+/* fp32: y (rows, out) = x (rows, in) @ w + bias, four rows at a time. */
 static void linear_f32(const float *x, int rows, int in, int out, Linear l, float *y) {
     for (int r = 0; r < rows; r++) {
         if (l.bias) memcpy(y + (size_t)r * out, l.bias, sizeof(float) * out);
         else memset(y + (size_t)r * out, 0, sizeof(float) * out);
     }
-    int i = 0;
-    if (rows == 1) {
-        for (; i + 12 <= in; i += 12) f32_row_block(x, out, l.weight, i, 12, y);
-        for (; i + 4 <= in; i += 4) f32_row_block(x, out, l.weight, i, 4, y);
-        for (; i < in; i++) f32_row_block(x, out, l.weight, i, 1, y);
-        return;
+    for (int r = 0; r < rows; r += 4) {
+        const float *xr = x + (size_t)r * in;
+        float *yr = y + (size_t)r * out;
+        switch (rows - r) {
+        case 1: f32_rows(xr, in, out, l.weight, 1, yr); break;
+        case 2: f32_rows(xr, in, out, l.weight, 2, yr); break;
+        case 3: f32_rows(xr, in, out, l.weight, 3, yr); break;
+        default: f32_rows(xr, in, out, l.weight, 4, yr);
+        }
     }
-    for (; i + 16 <= in; i += 16) f32_block(x, rows, in, out, l.weight, i, 16, y);
-    for (; i + 8 <= in; i += 8) f32_block(x, rows, in, out, l.weight, i, 8, y);
-    for (; i < in; i++) f32_block(x, rows, in, out, l.weight, i, 1, y);
 }
 
 /* int8: each row of x quantized on its own, symmetric, to [-127, 127] (its scale in sx). */
 static void quantize_rows(const float *x, int rows, int in, int8_t *q, float *sx) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * in;
-        float amax = 0.0f;
-        for (int i = 0; i < in; i++) amax = fmaxf(amax, fabsf(xr[i]));
+        __m256 top = _mm256_setzero_ps(), magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        int i = 0;
+        for (; i + 8 <= in; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(xr + i), magnitude));
+        float lanes[8], amax = 0.0f;
+        _mm256_storeu_ps(lanes, top);
+        for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
+        for (; i < in; i++) amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax; /* not fmaxf: a call into libm */
         sx[r] = amax > 0.0f ? amax / 127.0f : 1.0f;
         float inv = 1.0f / sx[r];
-        for (int i = 0; i < in; i++) q[(size_t)r * in + i] = (int8_t)lrintf(xr[i] * inv);
+        for (i = 0; i < in; i++) q[(size_t)r * in + i] = (int8_t)lrintf(xr[i] * inv);
     }
 }
 
@@ -130,34 +122,52 @@ ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
 }
 #endif
 
-/* int32 sums of `kb` groups of four inputs, streamed as in f32_block. */
-ALWAYS_INLINE void i8_block(const int8_t *q, int rows, int in, int padded, const int8_t *w, int g, const int kb,
-                            int32_t *acc) {
-    const int8_t *wg = w + (size_t)g * padded * 4;
-    for (int o = 0; o < padded; o += 8) {
+/* int32 sums over all of x's inputs for R rows and P panels of eight outputs (each panel's weights lie in one run,
+ * group after group): the R * P sums stay in registers throughout and each weight is read once for all R rows. */
+ALWAYS_INLINE void i8_panels(const int8_t *q, int in, int groups, const int8_t *w, int panel, const int R,
+                             const int P, int32_t *acc, int padded) {
+    __m256i a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < P; k++) a[r][k] = _mm256_setzero_si256();
+    const int8_t *wp = w + (size_t)panel * groups * 32;
+    for (int g = 0; g < groups; g++) {
         __m256i wv[4];
-        for (int k = 0; k < kb; k++) wv[k] = _mm256_loadu_si256((const __m256i *)(wg + ((size_t)k * padded + o) * 4));
-        for (int r = 0; r < rows; r++) {
-            int32_t *ar = acc + (size_t)r * padded + o;
-            __m256i a = _mm256_loadu_si256((const __m256i *)ar);
-            for (int k = 0; k < kb; k++) {
-                int32_t x4;
-                memcpy(&x4, q + (size_t)r * in + 4 * (g + k), 4);
-                a = dot4(a, _mm256_set1_epi32(x4), wv[k]);
-            }
-            _mm256_storeu_si256((__m256i *)ar, a);
+        for (int k = 0; k < P; k++) wv[k] = _mm256_loadu_si256((const __m256i *)(wp + ((size_t)k * groups + g) * 32));
+        for (int r = 0; r < R; r++) {
+            int32_t x4;
+            memcpy(&x4, q + (size_t)r * in + 4 * g, 4);
+            __m256i xb = _mm256_set1_epi32(x4);
+            for (int k = 0; k < P; k++) a[r][k] = dot4(a[r][k], xb, wv[k]);
         }
     }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < P; k++)
+            _mm256_storeu_si256((__m256i *)(acc + (size_t)r * padded + (size_t)(panel + k) * 8), a[r][k]);
+}
+
+/* All panels for R rows: P panels at a time, as many as the registers hold beside R rows' sums. */
+ALWAYS_INLINE void i8_rows(const int8_t *q, int in, const int8_t *w, const int R, int32_t *acc, int padded) {
+    const int P = R == 1 ? 4 : R == 2 ? 3 : 2;
+    int panels = padded / 8, groups = in / 4, p = 0;
+    for (; p + P <= panels; p += P) i8_panels(q, in, groups, w, p, R, P, acc, padded);
+    for (; p < panels; p++) i8_panels(q, in, groups, w, p, R, 1, acc, padded);
 }
 
 /* int8: y (rows, out) = the int32 products of quantized x and w, times both scales, + bias. */
 static void linear_i8(const float *x, int rows, int in, int out, Linear l, float *y, int8_t *q, float *sx,
                       int32_t *acc) {
-    int padded = (out + 7) / 8 * 8, groups = in / 4, g = 0;
+    int padded = (out + 7) / 8 * 8;
     quantize_rows(x, rows, in, q, sx);
-    memset(acc, 0, sizeof(int32_t) * rows * padded);
-    for (; g + 4 <= groups; g += 4) i8_block(q, rows, in, padded, l.weight, g, 4, acc);
-    for (; g < groups; g++) i8_block(q, rows, in, padded, l.weight, g, 1, acc);
+    for (int r = 0; r < rows; r += 4) {
+        const int8_t *qr = q + (size_t)r * in;
+        int32_t *ar = acc + (size_t)r * padded;
+        switch (rows - r) {
+        case 1: i8_rows(qr, in, l.weight, 1, ar, padded); break;
+        case 2: i8_rows(qr, in, l.weight, 2, ar, padded); break;
+        case 3: i8_rows(qr, in, l.weight, 3, ar, padded); break;
+        default: i8_rows(qr, in, l.weight, 4, ar, padded);
+        }
+    }
     for (int o = 0; o < out; o += 8) {
         __m256i m = tail_mask(out - o);
         __m256 scale = _mm256_maskload_ps(l.scale + o, m);
@@ -210,7 +220,7 @@ static void attend(const float *q, const float *k, const float *v, size_t stride
             s *= scale;
         }
         scores[j] = s;
-        top = fmaxf(top, s);
+        top = s > top ? s : top;
     }
     float total = 0.0f;
     for (int j = 0; j < n; j++) total += scores[j] = expf(scores[j] - top);

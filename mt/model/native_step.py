@@ -4,7 +4,9 @@ the decoder layers, the output layer) in one call to native_step.c, fp32 or int8
 Why: a lone sentence's step is some twenty products of one vector with a weight matrix and a hundred small
 operations around them. Through PyTorch each costs microseconds of dispatch whatever its size, and its one-row
 products read the weights at half the speed the memory allows (docs/performance.md). In C the step costs what
-reading its weights costs.
+reading its weights costs. It reads its own copy of the decoder's weights, packed in panels of outputs so that a
+few rows' sums stay in registers while the weights stream in memory order: one more byte per weight in int8, four in
+fp32.
 
 `install(model, precision)` (called by `mt.model.fast.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model: up to `max_rows` rows it runs the C step, above them, or under
@@ -131,13 +133,13 @@ def install(model: nn.Module, precision: str) -> None:
 def max_rows(model: Transformer, precision: str) -> int:
     """Up to how many rows the C step is the faster one (docs/performance.md): 8 in fp32. Its int8 products are bound
     by arithmetic from a few rows on, where PyTorch's int8 matmuls are not: a decoder of a few million weights
-    still gains at 4 rows (its PyTorch step is mostly fixed costs), one of tens of millions only at one."""
+    still gains at 8 rows (its PyTorch step is mostly fixed costs), one of tens of millions up to 4."""
     if precision == "fp32":
         return 8
     cfg = model.cfg
     # a step's weights: per layer self-attention's 4 d^2, cross-attention's query and output 2 d^2, the FFN's 2 d d_ff
     weights = cfg.n_dec_layers * (6 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.tgt_vocab_size
-    return 4 if weights <= 12_000_000 else 1  # small preset 4.8M: 1.7-1.9x at 4 rows; base 26M: 0.91-0.94x
+    return 8 if weights <= 12_000_000 else 4  # small preset 4.8M: 1.7-2.3x at 8 rows; base 26M: 1.1-1.2x at 4, <1 at 6
 
 
 def supported(model: Transformer, precision: str) -> bool:
@@ -224,7 +226,7 @@ class NativeDecodeStep:
         if self.precision == "int8":
             weight, scale, bias = int8_packed(layer)
             return [self.kept(weight), self.kept(scale), self.kept(bias)]
-        return [self.kept(layer.weight_t), None, self.kept(layer.bias)]  # FrozenLinear's (in, out) weight
+        return [self.kept(f32_packed(layer.weight_t)), None, self.kept(layer.bias)]
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
@@ -256,13 +258,24 @@ class NativeDecodeStep:
         return all(b.dtype == torch.float32 and b.is_contiguous() for b in buffers) and self.current()
 
 
+def f32_packed(weight_t: Tensor) -> Tensor:
+    """An fp32 weight, (in, out) as FrozenLinear holds it, as native_step.c multiplies it: panels of 16 outputs, (out
+    rounded up to 16 / 16, in, 16), each panel's weights in one run. A copy: the step's products then hold a few rows'
+    sums in registers and read the weights in memory order."""
+    n_in, out = weight_t.shape
+    padded = torch.zeros(n_in, (out + 15) // 16 * 16)
+    padded[:, :out] = weight_t
+    return padded.view(n_in, -1, 16).transpose(0, 1).contiguous()
+
+
 def int8_packed(layer: nn.Module) -> tuple[Tensor, Tensor, Tensor | None]:
-    """An int8 layer's weight as native_step.c multiplies it: (in / 4, out rounded up to 8, 4), four inputs of each
-    output side by side; its scale per output; its bias. -128 becomes -127, the symmetric range."""
+    """An int8 layer's weight as native_step.c multiplies it: panels of eight outputs, (out rounded up to 8 / 8,
+    in / 4, 8, 4), four inputs of each output side by side; its scale per output; its bias. -128 becomes -127, the
+    symmetric range."""
     weight = layer.weight()  # quantized per output channel, zero point 0
     q = weight.int_repr().clamp_(min=-127)  # (out, in)
     out, n_in = q.shape
     padded = torch.zeros((out + 7) // 8 * 8, n_in, dtype=torch.int8)
     padded[:out] = q
-    packed = padded.view(-1, n_in // 4, 4).transpose(0, 1).contiguous()  # (in / 4, out padded, 4)
+    packed = padded.view(-1, 8, n_in // 4, 4).transpose(1, 2).contiguous()  # (out / 8, in / 4, 8, 4)
     return packed, weight.q_per_channel_scales().float(), layer.bias()
