@@ -16,6 +16,7 @@ whose translations must hold given target phrases (a glossary's terms; mt/decode
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 
@@ -122,6 +123,8 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
     """
     if nbest > beam:
         raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
+    if src.size(0) * beam <= FEW_ROWS:
+        return few_beam_search(model, src, beam, len_penalty, max_len_a, max_len_b, nbest, min_len)
     memory, src_mask = model.encode(src)
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
     steps = int(limit.max())
@@ -137,6 +140,78 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
         if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):
             break
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished.hyps]
+
+
+FEW_ROWS = 8  # up to this many rows (sentences x beam) beam search keeps its books in Python lists
+
+
+def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a: float, max_len_b: int,
+                    nbest: int, min_len: int) -> list[list[Hypothesis]]:
+    """`beam_search` for a few rows (a lone sentence's beam), the same search with its bookkeeping in Python lists.
+
+    Why: each step of `beam_search` runs some sixty small tensor operations, microseconds each whatever their size;
+    for a few rows that is as long as the decoding step itself (docs/performance.md). Here a step runs the decoder,
+    the log-probabilities and each row's best tokens in PyTorch, and ranks its few dozen candidates in Python: the
+    same hypotheses as `Beams` and `Finished` find (tests hold them equal), up to the order of exact ties.
+    """
+    memory, src_mask = model.encode(src)
+    limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
+    n, k, steps = src.size(0), beam, max(limits)
+    cache = model.start_cache(memory, src_mask, steps, beam=k)
+    active = list(range(n))  # the original sentence of each running one
+    scores = [[0.0] + [-math.inf] * (k - 1) for _ in range(n)]  # per running sentence, per slot
+    prefixes: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+    hyps: list[list[Hypothesis]] = [[] for _ in range(n)]
+    kth_best = [-math.inf] * n  # as Finished.kth_best
+    last = torch.full((n * k,), BOS, dtype=torch.long, device=src.device)
+    for step in range(steps):
+        logits, cache = model.decode_step(last, cache)
+        at_limit = torch.tensor([limits[i] <= step + 1 for i in active], device=src.device).repeat_interleave(k)
+        logp = next_token_logprobs(logits, step < min_len, at_limit)
+        row_lp, row_tok = (t.tolist() for t in top_tokens(logp, min(2 * k, logp.size(1))))
+        penalty = length_penalty(step + 1, len_penalty)
+        kept, parents, tokens = [], [], []
+        for s, i in enumerate(active):
+            cand = sorted(((scores[s][j] + lp, j, tok) for j in range(k)
+                           for lp, tok in zip(row_lp[s * k + j], row_tok[s * k + j], strict=True)),
+                          key=lambda c: -c[0])[:2 * k]
+            for score, j, tok in cand[:k]:  # Finished.add
+                if tok == EOS and score > -math.inf:
+                    hyps[i].append(Hypothesis(list(prefixes[s][j]), score / penalty, score))
+                    if len(hyps[i]) >= nbest:
+                        hyps[i] = sorted(hyps[i], key=lambda h: h.score, reverse=True)[:nbest]
+                        kth_best[i] = hyps[i][-1].score
+            live = sorted(((-math.inf if tok == EOS else score, j, tok) for score, j, tok in cand),
+                          key=lambda c: -c[0])[:k]  # Beams.advance
+            if not kth_best[i] < live[0][0] / penalty:
+                continue  # done: no live beam can beat the nbest-th finished one
+            slot = few_slot_order([j for _, j, _ in live])
+            chosen = [live[c] for c in slot]
+            kept.append(s)
+            parents += [s * k + j for _, j, _ in chosen]
+            tokens += [tok for _, _, tok in chosen]
+            scores[s] = [score for score, _, _ in chosen]
+            prefixes[s] = [prefixes[s][j] + [tok] for _, j, tok in chosen]
+        if not kept:
+            break
+        sentences = None if len(kept) == len(active) else torch.tensor(kept, device=src.device)
+        active, scores, prefixes = [active[s] for s in kept], [scores[s] for s in kept], [prefixes[s] for s in kept]
+        last = torch.tensor(tokens, device=src.device)
+        cache = cache.select(torch.tensor(parents, device=src.device), sentences)
+    return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in hyps]
+
+
+def few_slot_order(parents: list[int]) -> list[int]:
+    """`slot_order` of one sentence, in lists: for each slot, the index of the child (among `parents`, best first)
+    that goes in it."""
+    k = len(parents)
+    first = [parents.index(p) == c for c, p in enumerate(parents)]
+    childless = iter(j for j in range(k) if j not in parents)
+    slot = [p if f else next(childless) for p, f in zip(parents, first, strict=True)]
+    order = [0] * k
+    for child, at in enumerate(slot):
+        order[at] = child
+    return order
 
 
 @dataclass

@@ -79,21 +79,23 @@ class FixedModel(nn.Module):
         return logits, PrefixCache(prefix)
 
 
-def test_hand_made_distribution_gives_the_expected_beams_and_scores():
-    # Step 1: A=4 (0.6) or B=5 (0.4). After A: EOS 0.5 or C=6 0.5. After B: EOS 0.9 or C 0.1. After AC: EOS 1.
-    table = {(): {4: 0.6, 5: 0.4}, (4,): {EOS: 0.5, 6: 0.5}, (5,): {EOS: 0.9, 6: 0.1}, (4, 6): {EOS: 1.0},
+@pytest.mark.parametrize("few_rows", [8, 0])  # a lone sentence's books in lists, or in tensors as any batch's
+def test_hand_made_distribution_gives_the_expected_beams_and_scores(few_rows, monkeypatch):
+    monkeypatch.setattr("mt.decode.search.FEW_ROWS", few_rows)
+    # Step 1: A=4 (0.6) or B=5 (0.4). After A: EOS 0.52 or C=6 0.48. After B: EOS 0.9 or C 0.1. After AC: EOS 1.
+    table = {(): {4: 0.6, 5: 0.4}, (4,): {EOS: 0.52, 6: 0.48}, (5,): {EOS: 0.9, 6: 0.1}, (4, 6): {EOS: 1.0},
              (5, 6): {EOS: 1.0}}
     model = FixedModel(table)
     src = torch.tensor([[4, 5, EOS]])
-    # Greedy follows A then EOS (0.6 * 0.5 = 0.3), missing B EOS (0.4 * 0.9 = 0.36), which beam 2 finds.
+    # Greedy follows A then EOS (0.6 * 0.52 = 0.312), missing B EOS (0.4 * 0.9 = 0.36), which beam 2 finds.
     assert greedy(model, src, 1.0, 5)[0].tokens == [4]
     hyps = beam_search(model, src, beam=2, len_penalty=0.0, max_len_a=1.0, max_len_b=5, nbest=2)[0]
     assert [h.tokens for h in hyps] == [[5], [4]]
-    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.36), math.log(0.3)])
-    # With a length penalty the longer A C (0.3) outranks A: scores are divided by ((5 + len) / 6) ** alpha.
+    assert [h.logprob for h in hyps] == pytest.approx([math.log(0.36), math.log(0.312)])
+    # With a length penalty the longer A C (0.288) outranks A (0.312): scores are divided by ((5 + len) / 6) ** alpha.
     hyps = beam_search(model, src, beam=3, len_penalty=1.0, max_len_a=1.0, max_len_b=5, nbest=3)[0]
-    expected = sorted([([5], math.log(0.36) / length_penalty(2, 1.0)), ([4], math.log(0.3) / length_penalty(2, 1.0)),
-                       ([4, 6], math.log(0.3) / length_penalty(3, 1.0))], key=lambda x: -x[1])
+    expected = sorted([([5], math.log(0.36) / length_penalty(2, 1.0)), ([4], math.log(0.312) / length_penalty(2, 1.0)),
+                       ([4, 6], math.log(0.288) / length_penalty(3, 1.0))], key=lambda x: -x[1])
     assert [h.tokens for h in hyps] == [tokens for tokens, _ in expected]
     assert [h.score for h in hyps] == pytest.approx([score for _, score in expected])
 
@@ -141,3 +143,31 @@ def test_no_hypothesis_ends_before_min_len():
         assert len(greedy(model, src, 0.0, 8, min_len=min_len)[0].tokens) == min_len
         hyps = beam_search(model, src, beam=2, max_len_a=0.0, max_len_b=8, nbest=2, min_len=min_len)[0]
         assert [len(h.tokens) for h in hyps] == [min_len, min_len]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_few_rows_keep_their_books_in_lists_and_find_the_same_hypotheses(seed, monkeypatch):
+    import mt.decode.search as search
+    model = tiny_model(seed=seed)
+    src = sources(n=2, seed=seed)
+    for beam, nbest, alpha, min_len in ((4, 1, 0.6, 0), (3, 3, 1.0, 0), (2, 2, 0.0, 3), (8, 2, 0.6, 0), (1, 1, 0.6, 0)):
+        rows = [src[i:i + 1, : int((src[i] != PAD).sum())] for i in range(src.size(0))] + [src]
+        found = {}
+        for few in (search.FEW_ROWS, 0):  # lists, then the tensors of any batch
+            monkeypatch.setattr(search, "FEW_ROWS", few)
+            found[few] = [search.beam_search(model, r, beam, alpha, 1.0, 4, nbest, min_len) for r in rows]
+        listed, tensors = found[search.FEW_ROWS], found[0]
+        assert [[[h.tokens for h in hs] for hs in r] for r in listed] == \
+            [[[h.tokens for h in hs] for hs in r] for r in tensors]
+        for a, b in zip(listed, tensors, strict=True):
+            for ha, hb in zip(a, b, strict=True):
+                assert [h.score for h in ha] == pytest.approx([h.score for h in hb], abs=1e-5)
+                assert [h.logprob for h in ha] == pytest.approx([h.logprob for h in hb], abs=1e-5)
+
+
+def test_few_slot_order_is_slot_order():
+    from mt.decode.search import few_slot_order, slot_order
+    g = torch.Generator().manual_seed(0)
+    parents = torch.randint(0, 5, (200, 5), generator=g)
+    expected = slot_order(parents).tolist()
+    assert [few_slot_order(p) for p in parents.tolist()] == expected
