@@ -5,6 +5,7 @@ reorders it. `Transformer.start_cache` makes one and `decode_step` returns it on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ class DecoderCache:
     src_mask: Tensor  # (n, 1, 1, S)
     length: int = 0  # target positions decoded so far
     beam: int = 1
+    move_rows: Callable[[DecoderCache, list[int], list[int]], None] | None = None  # in place; None: PyTorch's copies
 
     def select(self, rows: Tensor, sentences: Tensor | None = None) -> DecoderCache:
         """Keep (and reorder) the rows in `rows` of the target-side state, e.g. to follow the beams, and, when
@@ -45,10 +47,13 @@ class DecoderCache:
         if sentences is None and rows.numel() == width:
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
             if moved.numel() < rows.numel() // 2:
-                to, src = at_filled(moved), at_filled(rows[moved])
-                for buf in self.self_k + self.self_v:
-                    flat = as_rows(buf)
-                    flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
+                if self.move_rows is None:
+                    to, src = at_filled(moved), at_filled(rows[moved])
+                    for buf in self.self_k + self.self_v:
+                        flat = as_rows(buf)
+                        flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
+                else:
+                    self.move_rows(self, moved.tolist(), rows[moved].tolist())
                 return self
         picked = at_filled(rows)
 

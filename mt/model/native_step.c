@@ -331,3 +331,22 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     free(x); free(q); free(sx); free(acc);
     return 0;
 }
+
+/* Beam search's reordering of the self-attention caches in place (DecoderCache.select): in each of `n_buffers`
+ * buffers, (length, rows, row_floats) floats, row from[i] is copied to row to[i] at every filled position, every
+ * source read before any row is written. Returns 0, or -1 when out of memory. */
+int mt_move_rows(void *const *buffers, int n_buffers, int length, int rows, int row_floats, const int64_t *to,
+                 const int64_t *from, int moved) {
+    float *held = malloc(sizeof(float) * (size_t)moved * row_floats);
+    if (!held) return -1;
+    for (int b = 0; b < n_buffers; b++)
+        for (int t = 0; t < length; t++) {
+            float *at = (float *)buffers[b] + (size_t)t * rows * row_floats;
+            for (int i = 0; i < moved; i++)
+                memcpy(held + (size_t)i * row_floats, at + from[i] * row_floats, sizeof(float) * row_floats);
+            for (int i = 0; i < moved; i++)
+                memcpy(at + to[i] * row_floats, held + (size_t)i * row_floats, sizeof(float) * row_floats);
+        }
+    free(held);
+    return 0;
+}

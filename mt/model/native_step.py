@@ -96,6 +96,8 @@ def load() -> ctypes.CDLL | None:
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
     lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer]
     lib.mt_step.restype = i32
+    lib.mt_move_rows.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer, i32]
+    lib.mt_move_rows.restype = i32
     lib.instruction_set = isa
     return lib
 
@@ -163,7 +165,7 @@ class NativeDecodeStep:
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
         self.watched = (model.decoder[0].self_attn.qkv, model.output)  # looked up once: a step is microseconds
         lib = library()
-        self.step, self.instruction_set = lib.mt_step, lib.instruction_set
+        self.step, self.mover, self.instruction_set = lib.mt_step, lib.mt_move_rows, lib.instruction_set
         self.layout()
 
     def layout(self) -> None:
@@ -245,7 +247,20 @@ class NativeDecodeStep:
         if status != 0:
             raise MemoryError("the C decoding step could not allocate its working memory")
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
-                                    cache.beam)
+                                    cache.beam, self.move_rows)
+
+    def move_rows(self, cache: DecoderCache, to: list[int], sources: list[int]) -> None:
+        """`DecoderCache.select`'s copies of the rows beam search moves, in place, in one call into C: a few rows of
+        each self-attention buffer at every filled position, as the C step left them (fp32, contiguous)."""
+        buffers = cache.self_k + cache.self_v
+        rows, length = buffers[0].size(1), cache.length
+        if not all(0 <= r < rows for r in to + sources):
+            raise IndexError(f"beam search moved rows {sources} to {to}, outside the cache's {rows} rows")
+        pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+        moved = torch.tensor([to, sources], dtype=torch.int64)
+        if self.mover(pointers, len(buffers), length, rows, buffers[0][0, 0].numel(), moved[0].data_ptr(),
+                      moved[1].data_ptr(), len(to)) != 0:
+            raise MemoryError("the C decoding step could not allocate its working memory")
 
     def fits(self, tokens: Tensor, cache: DecoderCache, buffers: list[Tensor]) -> bool:
         """Whether the C step takes this step: few enough rows on CPU, outside autocast, within the cache and the

@@ -13,6 +13,7 @@ import mt.model.native_step
 from mt.data.batches import pad
 from mt.data.tokenizer import BOS, EOS
 from mt.decode.search import beam_search, greedy
+from mt.model.cache import DecoderCache
 from mt.model.fast import fast_paths, for_inference
 from mt.model.native_step import NativeDecodeStep, library
 
@@ -194,3 +195,32 @@ def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_p
         assert not list((tmp_path / "native").iterdir())  # no half-written library left behind
     finally:
         mt.model.native_step.load.cache_clear()
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 1, 3, 4, 5], [1, 0, 2, 3, 4, 5], [0, 3, 3, 1, 4, 5]])  # the last: copied
+def test_rows_beam_search_moves_are_moved_in_c_as_in_pytorch(rows):
+    native, _ = models("fp32")
+    g = torch.Generator().manual_seed(0)
+    buffers = [torch.randn(5, 6, 2, 3, generator=g) for _ in range(4)]
+    mem = [torch.zeros(2, 2, 4, 3)] * 2
+    mask = torch.ones(2, 1, 1, 4, dtype=torch.bool)
+    in_c = DecoderCache(mem, mem, [b.clone() for b in buffers[:2]], [b.clone() for b in buffers[2:]], mask, 4, 3,
+                        native.decode_step.move_rows)
+    in_torch = DecoderCache(mem, mem, [b.clone() for b in buffers[:2]], [b.clone() for b in buffers[2:]], mask, 4, 3)
+    in_c, in_torch = in_c.select(torch.tensor(rows)), in_torch.select(torch.tensor(rows))
+    for a, b, before in zip(in_c.self_k + in_c.self_v, in_torch.self_k + in_torch.self_v, buffers, strict=True):
+        assert torch.equal(a[:4], b[:4])  # the filled positions
+        assert torch.equal(a[:4], before[:4, rows])
+    with pytest.raises(IndexError, match="outside the cache's 6 rows"):
+        DecoderCache(mem, mem, buffers[:2], buffers[2:], mask, 4, 3, native.decode_step.move_rows).select(
+            torch.tensor([0, 1, 2, 3, 4, 9]))
+
+
+def test_a_lone_sentence_s_beams_decoded_in_c_are_pytorch_s():
+    native, plain = models("fp32")
+    src = pad(SOURCES[:1], [], [])
+    for beam in (2, 4):
+        ours = beam_search(native, src, beam=beam, max_len_a=0.0, max_len_b=12, nbest=beam)[0]
+        theirs = beam_search(plain, src, beam=beam, max_len_a=0.0, max_len_b=12, nbest=beam)[0]
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
