@@ -12,24 +12,25 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* The model's sizes (`dims`, as native_step.py fills it) and its parameters (`params`): per decoder layer
- * PER_LAYER slots, then the tail. A linear layer takes three slots: weight, int8 scales (NULL in fp32), bias (or
- * NULL). Weights are packed in panels of outputs, each panel's weights in one run: fp32 ones in panels of 16,
- * (out rounded up to 16 / 16, in, 16); int8 ones in panels of eight, (out rounded up to 8 / 8, in / 4, 8, 4), four
- * inputs of each output side by side, and each int8 output has its scale. */
+ * PER_LAYER slots, then the tail. A linear layer takes four slots: weight, int8 scales and int8 column sums (NULL in
+ * fp32), bias (or NULL). Weights are packed in panels of outputs, each panel's weights in one run: fp32 ones in
+ * panels of 16, (out rounded up to 16 / 16, in, 16); int8 ones in panels of eight, (out rounded up to 8 / 8, in / 4,
+ * 8, 4), four inputs of each output side by side; each int8 output has its scale and the sum of its weights. */
 enum { D_MODEL, HEADS, D_FF, LAYERS, VOCAB, PRE_NORM, ACTIVATION, INT8, N_DIMS };
 enum { RELU, GELU, SILU };
-enum { QKV = 0, SELF_OUT = 3, CROSS_Q = 6, CROSS_OUT = 9, UP = 12, DOWN = 15, NORM_SELF = 18, NORM_CROSS = 20,
-       NORM_FFN = 22, PER_LAYER = 24 };
+enum { QKV = 0, SELF_OUT = 4, CROSS_Q = 8, CROSS_OUT = 12, UP = 16, DOWN = 20, NORM_SELF = 24, NORM_CROSS = 26,
+       NORM_FFN = 28, PER_LAYER = 30 };
 enum { EMBED = 0, POSITIONS = 1, DEC_NORM = 2, OUTPUT = 4 };
 
 typedef struct {
     const void *weight;
     const float *scale;
+    const int32_t *sums;
     const float *bias;
 } Linear;
 
 ALWAYS_INLINE Linear linear_at(void *const *p) {
-    return (Linear){p[0], (const float *)p[1], (const float *)p[2]};
+    return (Linear){p[0], (const float *)p[1], (const int32_t *)p[2], (const float *)p[3]};
 }
 
 ALWAYS_INLINE __m256i tail_mask(int n) { /* the first n lanes of 8 (all of them from 8 on) */
@@ -91,40 +92,60 @@ static void linear_f32(const float *x, int rows, int in, int out, Linear l, floa
     }
 }
 
-/* int8: each row of x quantized on its own, symmetric, to [-127, 127] (its scale in sx). */
-static void quantize_rows(const float *x, int rows, int in, int8_t *q, float *sx) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * in;
-        __m256 top = _mm256_setzero_ps(), magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        int i = 0;
-        for (; i + 8 <= in; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(xr + i), magnitude));
-        float lanes[8], amax = 0.0f;
-        _mm256_storeu_ps(lanes, top);
-        for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
-        for (; i < in; i++) amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax; /* not fmaxf: a call into libm */
-        sx[r] = amax > 0.0f ? amax / 127.0f : 1.0f;
-        float inv = 1.0f / sx[r];
-        for (i = 0; i < in; i++) q[(size_t)r * in + i] = (int8_t)lrintf(xr[i] * inv);
-    }
-}
-
-/* Sums of four int8 products per 32-bit lane. The sign of x moves onto w so that the unsigned-by-signed products
- * multiply |x| by ±w: with AVX2's maddubs, pairs then stay within 2 * 127 * 127, under int16's limit, and nothing
- * saturates; built for AVX-512 VNNI (native_step.py chooses), one vpdpbusd sums the four exactly. The same sums. */
+/* int8: activations unsigned, each row quantized on its own over [min(x, 0), max(x, 0)] with a zero point (its
+ * scale in sx, its zero point in zx), to 256 levels where vpdpbusd sums four products of unsigned by signed bytes
+ * exactly (AVX-512 VNNI), to 128 where AVX2's vpmaddubsw sums pairs of them in int16: 2 * 127 * 127 stays under
+ * its limit, so nothing saturates (PyTorch's fbgemm likewise keeps activations to 7 bits on x86). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LEVELS 255
 ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
-    return _mm256_dpbusd_epi32(acc, _mm256_sign_epi8(x4, x4), _mm256_sign_epi8(w, x4));
+    return _mm256_dpbusd_epi32(acc, x4, w);
 }
 #else
+#define LEVELS 127
 ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
-    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x4, x4), _mm256_sign_epi8(w, x4));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x4, w), _mm256_set1_epi16(1)));
 }
 #endif
 
+static void quantize_rows(const float *x, int rows, int in, uint8_t *q, float *sx, int32_t *zx) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * in;
+        __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= in; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            low = _mm256_min_ps(low, v), high = _mm256_max_ps(high, v);
+        }
+        float lows[8], highs[8], lo = 0.0f, hi = 0.0f;
+        _mm256_storeu_ps(lows, low), _mm256_storeu_ps(highs, high);
+        for (int k = 0; k < 8; k++) lo = lows[k] < lo ? lows[k] : lo, hi = highs[k] > hi ? highs[k] : hi;
+        for (; i < in; i++) lo = xr[i] < lo ? xr[i] : lo, hi = xr[i] > hi ? xr[i] : hi; /* not fminf: a libm call */
+        sx[r] = hi > lo ? (hi - lo) / (float)LEVELS : 1.0f;
+        zx[r] = (int32_t)lrintf(-lo / sx[r]);
+        float inv = 1.0f / sx[r];
+        uint8_t *qr = q + (size_t)r * in;
+        __m256 scale = _mm256_set1_ps(inv);
+        __m256i zero = _mm256_set1_epi32(zx[r]), top = _mm256_set1_epi32(LEVELS), none = _mm256_setzero_si256();
+        __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* the packs work within 128-bit lanes */
+        for (i = 0; i + 32 <= in; i += 32) { /* rounded to nearest even, as lrintf */
+            __m256i v[4];
+            for (int k = 0; k < 4; k++)
+                v[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(
+                    _mm256_mul_ps(_mm256_loadu_ps(xr + i + 8 * k), scale)), zero), none), top);
+            __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(qr + i), _mm256_permutevar8x32_epi32(bytes, order));
+        }
+        for (; i < in; i++) {
+            long v = lrintf(xr[i] * inv) + zx[r];
+            qr[i] = (uint8_t)(v < 0 ? 0 : v > LEVELS ? LEVELS : v);
+        }
+    }
+}
+
 /* int32 sums over all of x's inputs for R rows and P panels of eight outputs (each panel's weights lie in one run,
  * group after group): the R * P sums stay in registers throughout and each weight is read once for all R rows. */
-ALWAYS_INLINE void i8_panels(const int8_t *q, int in, int groups, const int8_t *w, int panel, const int R,
+ALWAYS_INLINE void i8_panels(const uint8_t *q, int in, int groups, const int8_t *w, int panel, const int R,
                              const int P, int32_t *acc, int padded) {
     __m256i a[4][4];
     for (int r = 0; r < R; r++)
@@ -146,20 +167,21 @@ ALWAYS_INLINE void i8_panels(const int8_t *q, int in, int groups, const int8_t *
 }
 
 /* All panels for R rows: P panels at a time, as many as the registers hold beside R rows' sums. */
-ALWAYS_INLINE void i8_rows(const int8_t *q, int in, const int8_t *w, const int R, int32_t *acc, int padded) {
+ALWAYS_INLINE void i8_rows(const uint8_t *q, int in, const int8_t *w, const int R, int32_t *acc, int padded) {
     const int P = R == 1 ? 4 : R == 2 ? 3 : 2;
     int panels = padded / 8, groups = in / 4, p = 0;
     for (; p + P <= panels; p += P) i8_panels(q, in, groups, w, p, R, P, acc, padded);
     for (; p < panels; p++) i8_panels(q, in, groups, w, p, R, 1, acc, padded);
 }
 
-/* int8: y (rows, out) = the int32 products of quantized x and w, times both scales, + bias. */
-static void linear_i8(const float *x, int rows, int in, int out, Linear l, float *y, int8_t *q, float *sx,
-                      int32_t *acc) {
+/* int8: y (rows, out) = the int32 products of quantized x and w less the zero point's share, times both scales,
+ * + bias. */
+static void linear_i8(const float *x, int rows, int in, int out, Linear l, float *y, uint8_t *q, float *sx,
+                      int32_t *zx, int32_t *acc) {
     int padded = (out + 7) / 8 * 8;
-    quantize_rows(x, rows, in, q, sx);
+    quantize_rows(x, rows, in, q, sx, zx);
     for (int r = 0; r < rows; r += 4) {
-        const int8_t *qr = q + (size_t)r * in;
+        const uint8_t *qr = q + (size_t)r * in;
         int32_t *ar = acc + (size_t)r * padded;
         switch (rows - r) {
         case 1: i8_rows(qr, in, l.weight, 1, ar, padded); break;
@@ -172,8 +194,11 @@ static void linear_i8(const float *x, int rows, int in, int out, Linear l, float
         __m256i m = tail_mask(out - o);
         __m256 scale = _mm256_maskload_ps(l.scale + o, m);
         __m256 bias = l.bias ? _mm256_maskload_ps(l.bias + o, m) : _mm256_setzero_ps();
+        __m256i sums = _mm256_loadu_si256((const __m256i *)(l.sums + o));
         for (int r = 0; r < rows; r++) {
-            __m256 sum = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(acc + (size_t)r * padded + o)));
+            __m256i exact = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + (size_t)r * padded + o)),
+                                             _mm256_mullo_epi32(sums, _mm256_set1_epi32(zx[r])));
+            __m256 sum = _mm256_cvtepi32_ps(exact);
             __m256 v = _mm256_fmadd_ps(sum, _mm256_mul_ps(scale, _mm256_set1_ps(sx[r])), bias);
             _mm256_maskstore_ps(y + (size_t)r * out + o, m, v);
         }
@@ -182,14 +207,15 @@ static void linear_i8(const float *x, int rows, int in, int out, Linear l, float
 
 typedef struct {
     const int64_t *dims;
-    int8_t *q;     /* int8 activations */
+    uint8_t *q;    /* int8 activations */
     float *sx;     /* their scales */
+    int32_t *zx;   /* their zero points */
     int32_t *acc;  /* their products' sums */
 } Scratch;
 
 static void linear(const Scratch *m, const float *x, int rows, int in, int out, void *const *slot, float *y) {
     Linear l = linear_at(slot);
-    if (m->dims[INT8]) linear_i8(x, rows, in, out, l, y, m->q, m->sx, m->acc);
+    if (m->dims[INT8]) linear_i8(x, rows, in, out, l, y, m->q, m->sx, m->zx, m->acc);
     else linear_f32(x, rows, in, out, l, y);
 }
 
@@ -261,21 +287,23 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     int longest = t + 1 > n_src ? t + 1 : n_src;
     float *x = malloc(sizeof(float) * ((size_t)rows * (d + d + widest + d) + longest));
     size_t outputs = widest > (size_t)dims[VOCAB] ? widest : (size_t)dims[VOCAB], int8 = dims[INT8] != 0;
-    int8_t *q = int8 ? malloc((size_t)rows * (ff > d ? ff : d)) : NULL; /* int8's scratch, only there */
+    uint8_t *q = int8 ? malloc((size_t)rows * (ff > d ? ff : d)) : NULL; /* int8's scratch, only there */
     float *sx = int8 ? malloc(sizeof(float) * rows) : NULL;
+    int32_t *zx = int8 ? malloc(sizeof(int32_t) * rows) : NULL;
     int32_t *acc = int8 ? malloc(sizeof(int32_t) * rows * (outputs + 8)) : NULL;
-    if (!x || (int8 && (!q || !sx || !acc))) {
-        free(x); free(q); free(sx); free(acc);
-        return -1;
+    int status = 0;
+    if (!x || (int8 && (!q || !sx || !zx || !acc))) {
+        status = -1;
+        goto done;
     }
     for (int r = 0; r < rows; r++)
         if (tokens[r] < 0 || tokens[r] >= dims[VOCAB]) {
-            free(x); free(q); free(sx); free(acc);
-            return -2;
+            status = -2;
+            goto done;
         }
     float *normed = x + (size_t)rows * d, *wide = normed + (size_t)rows * d, *mixed = wide + (size_t)rows * widest;
     float *scores = mixed + (size_t)rows * d;
-    Scratch m = {dims, q, sx, acc};
+    Scratch m = {dims, q, sx, zx, acc};
     void *const *tail = params + (size_t)n_layers * PER_LAYER;
     const float *embed = tail[EMBED], *position = (const float *)tail[POSITIONS] + (size_t)t * d;
 
@@ -328,8 +356,9 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     const float *last = x;
     if (dims[PRE_NORM]) layer_norm(x, rows, d, tail + DEC_NORM, eps, normed), last = normed;
     linear(&m, last, rows, d, dims[VOCAB], tail + OUTPUT, logits);
-    free(x); free(q); free(sx); free(acc);
-    return 0;
+done:
+    free(x); free(q); free(sx); free(zx); free(acc);
+    return status;
 }
 
 /* Beam search's reordering of the self-attention caches in place (DecoderCache.select): in each of `n_buffers`

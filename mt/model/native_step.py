@@ -13,8 +13,10 @@ fp32.
 autocast, PyTorch's. The C source is compiled once per machine by the system's C compiler into `$MT_CACHE/native`
 (default ~/.cache/mt/native): for AVX2, or for AVX-512 with VNNI where PyTorch runs AVX-512 and the CPU has VNNI
 (int8's sums of four products then take one instruction). Without a compiler, on a CPU without AVX2 and FMA, or
-with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here quantizes each row of activations on its own, symmetric,
-where PyTorch's int8 layers scale a whole batch at once: the same weights, slightly different rounding.
+with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here multiplies the weights PyTorch quantized by activations
+quantized a row at a time, unsigned with a zero point: to 8 bits with VNNI, to 7 with AVX2, whose pairs of products
+would otherwise saturate (PyTorch's own int8 layers likewise keep activations to 7 bits, but scale a whole batch at
+once): the same weights, slightly different rounding.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
 # int8: sums of four products in one instruction, where PyTorch runs AVX-512 (not under ATEN_CPU_CAPABILITY=avx2)
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 ACTIVATIONS = {"relu": 0, "gelu": 1, "swish": 2}
-PER_LAYER = 24  # parameter slots per decoder layer, in native_step.c's order
+PER_LAYER = 30  # parameter slots per decoder layer, in native_step.c's order
 PRECISIONS = ("fp32", "int8")
 
 
@@ -181,7 +183,7 @@ class NativeDecodeStep:
                 slots += self.norm_slots(residual.norm)
         slots += [self.kept(model.tgt_embed.weight), self.kept(model.positions)]
         slots += self.norm_slots(model.dec_norm) + self.linear_slots(model.output)
-        if len(slots) != cfg.n_dec_layers * PER_LAYER + 7:
+        if len(slots) != cfg.n_dec_layers * PER_LAYER + 8:
             raise RuntimeError("the C decoding step's parameter slots do not match native_step.c's layout")
         self.params = (ctypes.c_void_p * len(slots))(*slots)
         self.dims = self.kept(torch.tensor([cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_dec_layers, cfg.tgt_vocab_size,
@@ -224,11 +226,11 @@ class NativeDecodeStep:
         return [None, None]  # post-norm's final norm is nn.Identity: never read
 
     def linear_slots(self, layer: nn.Module) -> list[int | None]:
-        """A linear layer's three slots (weight, int8 scales, bias), in native_step.c's layout."""
+        """A linear layer's four slots (weight, int8 scales, int8 column sums, bias), in native_step.c's layout."""
         if self.precision == "int8":
-            weight, scale, bias = int8_packed(layer)
-            return [self.kept(weight), self.kept(scale), self.kept(bias)]
-        return [self.kept(f32_packed(layer.weight_t)), None, self.kept(layer.bias)]
+            weight, scale, sums, bias = int8_packed(layer)
+            return [self.kept(weight), self.kept(scale), self.kept(sums), self.kept(bias)]
+        return [self.kept(f32_packed(layer.weight_t)), None, None, self.kept(layer.bias)]
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
@@ -283,14 +285,16 @@ def f32_packed(weight_t: Tensor) -> Tensor:
     return padded.view(n_in, -1, 16).transpose(0, 1).contiguous()
 
 
-def int8_packed(layer: nn.Module) -> tuple[Tensor, Tensor, Tensor | None]:
+def int8_packed(layer: nn.Module) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """An int8 layer's weight as native_step.c multiplies it: panels of eight outputs, (out rounded up to 8 / 8,
-    in / 4, 8, 4), four inputs of each output side by side; its scale per output; its bias. -128 becomes -127, the
-    symmetric range."""
+    in / 4, 8, 4), four inputs of each output side by side; its scale per output; the sum of each output's weights
+    (what an activation's zero point adds to its products), rounded up to 8 with zeros; its bias. -128 becomes -127,
+    the symmetric range, so that a pair of products stays within int16 in AVX2's vpmaddubsw."""
     weight = layer.weight()  # quantized per output channel, zero point 0
     q = weight.int_repr().clamp_(min=-127)  # (out, in)
     out, n_in = q.shape
     padded = torch.zeros((out + 7) // 8 * 8, n_in, dtype=torch.int8)
     padded[:out] = q
     packed = padded.view(-1, 8, n_in // 4, 4).transpose(1, 2).contiguous()  # (out / 8, in / 4, 8, 4)
-    return packed, weight.q_per_channel_scales().float(), layer.bias()
+    sums = padded.sum(dim=1, dtype=torch.int32)
+    return packed, weight.q_per_channel_scales().float(), sums, layer.bias()

@@ -72,7 +72,8 @@ def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
 @pytest.mark.parametrize("changes", [dict(), dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
 def test_int8_step_multiplies_rows_quantized_each_on_its_own(changes):
     """The C int8 step against the plain step with each int8 layer replaced by a reference in PyTorch: the
-    activations of each row scaled by their own largest magnitude to [-127, 127], the weights PyTorch quantized."""
+    activations of each row quantized to unsigned integers with a zero point over [min(x, 0), max(x, 0)], to 256
+    levels where the library sums with VNNI and 128 with AVX2, the weights PyTorch quantized."""
     native, plain = models("int8", **changes)
     for name, module in list(plain.named_modules()):
         if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
@@ -90,13 +91,15 @@ class RowInt8Linear(nn.Module):
         weight = layer.weight()
         self.weight = weight.int_repr().clamp(min=-127).double() * weight.q_per_channel_scales()[:, None]
         self.bias = layer.bias()
+        self.levels = 255 if library().instruction_set == "AVX-512 VNNI" else 127
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, x.size(-1)).float()
-        amax = rows.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(amax > 0, amax / 127, 1.0)
-        q = (rows * (1 / scale)).round()  # in float32, as the C step rounds
-        y = (q.double() * scale.double()) @ self.weight.t()
+        low, high = rows.amin(dim=1, keepdim=True).clamp(max=0), rows.amax(dim=1, keepdim=True).clamp(min=0)
+        scale = torch.where(high > low, (high - low) / self.levels, 1.0)
+        zero = (-low / scale).round()  # in float32, as the C step rounds
+        q = ((rows * (1 / scale)).round() + zero).clamp(0, self.levels)
+        y = ((q - zero).double() * scale.double()) @ self.weight.t()
         y = y if self.bias is None else y + self.bias
         return y.float().view(*x.shape[:-1], -1)
 
