@@ -219,17 +219,31 @@ static void linear(const Scratch *m, const float *x, int rows, int in, int out, 
     else linear_f32(x, rows, in, out, l, y);
 }
 
+/* The sum of a[i] * b[i] (b NULL: of a[i]) over n, in eight lanes: a plain loop's one running sum is a chain of
+ * dependent additions the compiler may not reorder. */
+static float sum_of(const float *a, const float *b, int n) {
+    __m256 lanes = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        lanes = b ? _mm256_fmadd_ps(x, _mm256_loadu_ps(b + i), lanes) : _mm256_add_ps(lanes, x);
+    }
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    float total = _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+    for (; i < n; i++) total += b ? a[i] * b[i] : a[i];
+    return total;
+}
+
 static void layer_norm(const float *x, int rows, int d, void *const *slot, float eps, float *y) {
     const float *g = slot[0], *b = slot[1];
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * d;
         float *yr = y + (size_t)r * d;
-        float mean = 0.0f, var = 0.0f;
-        for (int i = 0; i < d; i++) mean += xr[i];
-        mean /= d;
-        for (int i = 0; i < d; i++) var += (xr[i] - mean) * (xr[i] - mean);
-        float inv = 1.0f / sqrtf(var / d + eps);
-        for (int i = 0; i < d; i++) yr[i] = (xr[i] - mean) * inv * g[i] + b[i];
+        float mean = sum_of(xr, NULL, d) / d;
+        for (int i = 0; i < d; i++) yr[i] = xr[i] - mean;
+        float inv = 1.0f / sqrtf(sum_of(yr, yr, d) / d + eps);
+        for (int i = 0; i < d; i++) yr[i] = yr[i] * inv * g[i] + b[i];
     }
 }
 
@@ -240,10 +254,7 @@ static void attend(const float *q, const float *k, const float *v, size_t stride
     for (int j = 0; j < n; j++) {
         float s = -INFINITY;
         if (!allowed || allowed[j]) {
-            const float *kj = k + j * stride;
-            s = 0.0f;
-            for (int e = 0; e < dh; e++) s += q[e] * kj[e];
-            s *= scale;
+            s = sum_of(q, k + j * stride, dh) * scale;
         }
         scores[j] = s;
         top = s > top ? s : top;
