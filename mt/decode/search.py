@@ -166,9 +166,8 @@ def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a
     last = torch.full((n * k,), BOS, dtype=torch.long, device=src.device)
     for step in range(steps):
         logits, cache = model.decode_step(last, cache)
-        at_limit = torch.tensor([limits[i] <= step + 1 for i in active], device=src.device).repeat_interleave(k)
-        logp = next_token_logprobs(logits, step < min_len, at_limit)
-        row_lp, row_tok = (t.tolist() for t in top_tokens(logp, min(2 * k, logp.size(1))))
+        row_lp, row_tok = row_candidates(model, logits, min(2 * k, logits.size(1)), step < min_len,
+                                         [limits[i] <= step + 1 for i in active for _ in range(k)])
         penalty = length_penalty(step + 1, len_penalty)
         kept, parents, tokens = [], [], []
         for s, i in enumerate(active):
@@ -199,6 +198,23 @@ def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a
         last = torch.tensor(tokens, device=src.device)
         cache = cache.select(torch.tensor(parents, device=src.device), sentences)
     return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in hyps]
+
+
+def row_candidates(model, logits: Tensor, width: int, bar_eos: bool,
+                   at_limit: list[bool]) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's `width` best tokens and their log-probabilities, as `next_token_logprobs` and `top_tokens` give
+    them, in lists: in one call into C where the model decodes there (`NativeDecodeStep.top_logprobs`) and no row is
+    at its length limit (its last step); with `bar_eos`, EOS dropped from one more."""
+    top = getattr(model.decode_step, "top_logprobs", None)
+    if top is None or logits.device.type != "cpu" or any(at_limit) or width + bar_eos > logits.size(1):
+        logp = next_token_logprobs(logits, bar_eos, torch.tensor(at_limit, device=logits.device))
+        return tuple(t.tolist() for t in top_tokens(logp, width))
+    values, tokens = top(logits, width + bar_eos)
+    if bar_eos:  # EOS cannot be chosen: each row's best without it
+        for lp, tok in zip(values, tokens, strict=True):
+            drop = tok.index(EOS) if EOS in tok else width
+            del lp[drop], tok[drop]
+    return values, tokens
 
 
 def few_slot_order(parents: list[int]) -> list[int]:

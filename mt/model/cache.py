@@ -44,16 +44,19 @@ class DecoderCache:
             """Rows r at every filled position, as indices into a buffer's `as_rows` view."""
             return (torch.arange(self.length, device=r.device)[:, None] * width + r).view(-1)
 
-        if sentences is None and rows.numel() == width:
+        if sentences is None and rows.numel() == width and self.move_rows is not None:  # a few rows, copied in C
+            listed = rows.tolist()
+            moved = [i for i, r in enumerate(listed) if r != i]
+            if len(moved) < width // 2:
+                self.move_rows(self, moved, [listed[i] for i in moved])
+                return self
+        elif sentences is None and rows.numel() == width:
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
-            if moved.numel() < rows.numel() // 2:
-                if self.move_rows is None:
-                    to, src = at_filled(moved), at_filled(rows[moved])
-                    for buf in self.self_k + self.self_v:
-                        flat = as_rows(buf)
-                        flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
-                else:
-                    self.move_rows(self, moved.tolist(), rows[moved].tolist())
+            if moved.numel() < width // 2:
+                to, src = at_filled(moved), at_filled(rows[moved])
+                for buf in self.self_k + self.self_v:
+                    flat = as_rows(buf)
+                    flat.index_copy_(0, to, flat.index_select(0, src))  # sources read before any write
                 return self
         picked = at_filled(rows)
 

@@ -100,6 +100,8 @@ def load() -> ctypes.CDLL | None:
     lib.mt_step.restype = i32
     lib.mt_move_rows.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer, i32]
     lib.mt_move_rows.restype = i32
+    lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, pointer, pointer]
+    lib.mt_top_logprobs.restype = None
     lib.instruction_set = isa
     return lib
 
@@ -167,7 +169,8 @@ class NativeDecodeStep:
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
         self.watched = (model.decoder[0].self_attn.qkv, model.output)  # looked up once: a step is microseconds
         lib = library()
-        self.step, self.mover, self.instruction_set = lib.mt_step, lib.mt_move_rows, lib.instruction_set
+        self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
+                                                                 lib.instruction_set)
         self.layout()
 
     def layout(self) -> None:
@@ -251,6 +254,15 @@ class NativeDecodeStep:
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam, self.move_rows)
 
+    def top_logprobs(self, logits: Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Each row's `width` most likely tokens, best first, and their log-probabilities (log-softmax over the row),
+        in one call into C: what beam search over a few rows ranks (mt/decode/search.py)."""
+        logits = logits.float().contiguous()
+        rows, vocab = logits.shape
+        values, tokens = torch.empty(rows, width), torch.empty(rows, width, dtype=torch.int64)
+        self.top(logits.data_ptr(), rows, vocab, width, values.data_ptr(), tokens.data_ptr())
+        return values.tolist(), tokens.tolist()
+
     def move_rows(self, cache: DecoderCache, to: list[int], sources: list[int]) -> None:
         """`DecoderCache.select`'s copies of the rows beam search moves, in place, in one call into C: a few rows of
         each self-attention buffer at every filled position, as the C step left them (fp32, contiguous)."""
@@ -259,9 +271,9 @@ class NativeDecodeStep:
         if not all(0 <= r < rows for r in to + sources):
             raise IndexError(f"beam search moved rows {sources} to {to}, outside the cache's {rows} rows")
         pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
-        moved = torch.tensor([to, sources], dtype=torch.int64)
-        if self.mover(pointers, len(buffers), length, rows, buffers[0][0, 0].numel(), moved[0].data_ptr(),
-                      moved[1].data_ptr(), len(to)) != 0:
+        rows_of = ctypes.c_int64 * len(to)
+        if self.mover(pointers, len(buffers), length, rows, buffers[0][0, 0].numel(), rows_of(*to), rows_of(*sources),
+                      len(to)) != 0:
             raise MemoryError("the C decoding step could not allocate its working memory")
 
     def fits(self, tokens: Tensor, cache: DecoderCache, buffers: list[Tensor]) -> bool:

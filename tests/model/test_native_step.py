@@ -227,3 +227,31 @@ def test_a_lone_sentence_s_beams_decoded_in_c_are_pytorch_s():
         theirs = beam_search(plain, src, beam=beam, max_len_a=0.0, max_len_b=12, nbest=beam)[0]
         assert [h.tokens for h in ours] == [h.tokens for h in theirs]
         assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
+
+
+@pytest.mark.parametrize("vocab", [8000, 45, 5])  # a whole number of lanes, not, and fewer tokens than asked
+def test_candidates_ranked_in_c_are_pytorch_s(vocab):
+    native, _ = models("fp32")
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
+    logits[1, 3] = 30.0  # one token takes almost all of a row's probability
+    values, tokens = (torch.tensor(t) for t in native.decode_step.top_logprobs(logits, 8))
+    expected = torch.log_softmax(logits, dim=-1).topk(min(8, vocab), dim=1)
+    assert torch.equal(tokens[:, :vocab], expected.indices)
+    torch.testing.assert_close(values[:, :vocab], expected.values, rtol=1e-5, atol=1e-5)
+    assert (values[:, vocab:] == -torch.inf).all()
+
+
+def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
+    from types import SimpleNamespace
+
+    from mt.decode.search import row_candidates
+    native, _ = models("fp32")
+    in_torch = SimpleNamespace(decode_step=None)  # a model without the C step's ranking
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1))
+    logits[0, EOS] = 9.0  # EOS the best token of one row
+    for bar_eos, at_limit in ((False, [False] * 4), (True, [False] * 4), (True, [False, True, False, False])):
+        ours = row_candidates(native, logits, 8, bar_eos, at_limit)
+        theirs = row_candidates(in_torch, logits, 8, bar_eos, at_limit)
+        assert ours[1] == theirs[1]
+        torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(theirs[0]), rtol=1e-5, atol=1e-5)
+        assert (EOS in ours[1][0]) != bar_eos  # the row whose best token is EOS
