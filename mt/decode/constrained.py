@@ -1,7 +1,7 @@
 """Lexical constraints: target phrases (a glossary's terms, mt/decode/glossary.py, as piece ids) that every
 translation a search finishes must hold, and the bookkeeping of dynamic beam allocation (Post & Vilar 2018) that
-mt/decode/search.py's `constrained_beam_search` steps the model with. Plain Python, no tensors: a sentence has a few
-phrases and a beam a few hypotheses.
+`constrained_beam_search` (mt/decode/constrained_search.py) steps the model with. Plain Python, no tensors: a
+sentence has a few phrases and a beam a few hypotheses.
 
 Each hypothesis carries its `Progress`: the phrases it has placed, and the one it is in the middle of. A phrase
 counts once its pieces appear in a row; a hypothesis that leaves a phrase half-way loses that phrase's progress. A

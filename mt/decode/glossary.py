@@ -5,7 +5,7 @@ of lines before it is searched, and checked in each translation afterwards.
 A source term is found in a line as whole words (not inside a longer word), case-sensitively, the longest term
 first where two overlap. Two methods place the target term:
 - `constrain`: the search must place its pieces (lexically constrained beam search, mt/decode/constrained.py and
-  `constrained_beam_search` in mt/decode/search.py); the model's own search otherwise;
+  `constrained_beam_search` in mt/decode/constrained_search.py); the model's own search otherwise;
 - `replace`: the source term is replaced in the input by the target term itself, which the model (not trained for
   it) mostly copies; any search, a CTranslate2 export's too.
 

@@ -9,14 +9,14 @@ attention weights: such a kind has `cross_attention(src, tgt)` (mt/decode/alignm
 
 Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
 source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
-running batch, so a long sentence does not keep short ones computing. `constrained_beam_search` is beam search
-whose translations must hold given target phrases (a glossary's terms; mt/decode/constrained.py), which
-`translate_ids` takes per source.
+running batch, so a long sentence does not keep short ones computing. A few rows (a lone sentence's beam) are
+searched by mt/decode/few_beams.py, the same search with its books in Python lists; what all searches share is
+mt/decode/hypotheses.py's. `constrained_beam_search` (mt/decode/constrained_search.py) is beam search whose
+translations must hold given target phrases (a glossary's terms), which `translate_ids` takes per source.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 
@@ -28,7 +28,10 @@ from tqdm import tqdm
 from mt.config import DecodeConfig
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import BOS, EOS, PAD
-from mt.decode.constrained import Constraints, Phrases, Progress, allocate
+from mt.decode.constrained import Constraints
+from mt.decode.constrained_search import constrained_beam_search
+from mt.decode.few_beams import few_beam_search
+from mt.decode.hypotheses import Hypothesis, candidates, length_penalty, max_lengths, next_token_logprobs, until_eos
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
@@ -65,24 +68,6 @@ class SearchOptions:
         return opts
 
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # pieces, without BOS/EOS
-    score: float  # log-probability divided by the length penalty: what beams are ranked by
-    logprob: float  # total log-probability, EOS included
-
-
-def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
-    """Per sentence output limit (in tokens, EOS included): a * source length + b, within the model's positions."""
-    src_len = (src != PAD).sum(1)
-    return (a * src_len.float() + b).long().clamp(min=1, max=limit - 1)
-
-
-def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
-    """GNMT (Wu et al. 2016): ((5 + length) / 6) ** alpha; alpha 0 ranks by raw log-probability."""
-    return ((5 + length) / 6) ** alpha
-
-
 @torch.inference_mode()
 def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0) -> list[Hypothesis]:
     """The most likely next token at every step until EOS or the length limit (EOS barred before `min_len`)."""
@@ -108,6 +93,9 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
             keep = running.nonzero().squeeze(1)
             active, tokens, cache = active[keep], tokens[keep], cache.select(keep, keep)
     return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
+
+
+FEW_ROWS = 8  # up to this many rows (sentences x beam) beam search keeps its books in Python lists (few_beams.py)
 
 
 @torch.inference_mode()
@@ -140,94 +128,6 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
         if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):
             break
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished.hyps]
-
-
-FEW_ROWS = 8  # up to this many rows (sentences x beam) beam search keeps its books in Python lists
-
-
-def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a: float, max_len_b: int,
-                    nbest: int, min_len: int) -> list[list[Hypothesis]]:
-    """`beam_search` for a few rows (a lone sentence's beam), the same search with its bookkeeping in Python lists.
-
-    Why: each step of `beam_search` runs some sixty small tensor operations, microseconds each whatever their size;
-    for a few rows that is as long as the decoding step itself (docs/performance.md). Here a step runs the decoder,
-    the log-probabilities and each row's best tokens in PyTorch, and ranks its few dozen candidates in Python: the
-    same hypotheses as `Beams` and `Finished` find (tests hold them equal), up to the order of exact ties.
-    """
-    memory, src_mask = model.encode(src)
-    limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
-    n, k, steps = src.size(0), beam, max(limits)
-    cache = model.start_cache(memory, src_mask, steps, beam=k)
-    active = list(range(n))  # the original sentence of each running one
-    scores = [[0.0] + [-math.inf] * (k - 1) for _ in range(n)]  # per running sentence, per slot
-    prefixes: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
-    hyps: list[list[Hypothesis]] = [[] for _ in range(n)]
-    kth_best = [-math.inf] * n  # as Finished.kth_best
-    last = torch.full((n * k,), BOS, dtype=torch.long, device=src.device)
-    for step in range(steps):
-        logits, cache = model.decode_step(last, cache)
-        row_lp, row_tok = row_candidates(model, logits, min(2 * k, logits.size(1)), step < min_len,
-                                         [limits[i] <= step + 1 for i in active for _ in range(k)])
-        penalty = length_penalty(step + 1, len_penalty)
-        kept, parents, tokens = [], [], []
-        for s, i in enumerate(active):
-            cand = sorted(((scores[s][j] + lp, j, tok) for j in range(k)
-                           for lp, tok in zip(row_lp[s * k + j], row_tok[s * k + j], strict=True)),
-                          key=lambda c: -c[0])[:2 * k]
-            for score, j, tok in cand[:k]:  # Finished.add
-                if tok == EOS and score > -math.inf:
-                    hyps[i].append(Hypothesis(list(prefixes[s][j]), score / penalty, score))
-                    if len(hyps[i]) >= nbest:
-                        hyps[i] = sorted(hyps[i], key=lambda h: h.score, reverse=True)[:nbest]
-                        kth_best[i] = hyps[i][-1].score
-            live = sorted(((-math.inf if tok == EOS else score, j, tok) for score, j, tok in cand),
-                          key=lambda c: -c[0])[:k]  # Beams.advance
-            if not kth_best[i] < live[0][0] / penalty:
-                continue  # done: no live beam can beat the nbest-th finished one
-            slot = few_slot_order([j for _, j, _ in live])
-            chosen = [live[c] for c in slot]
-            kept.append(s)
-            parents += [s * k + j for _, j, _ in chosen]
-            tokens += [tok for _, _, tok in chosen]
-            scores[s] = [score for score, _, _ in chosen]
-            prefixes[s] = [prefixes[s][j] + [tok] for _, j, tok in chosen]
-        if not kept:
-            break
-        sentences = None if len(kept) == len(active) else torch.tensor(kept, device=src.device)
-        active, scores, prefixes = [active[s] for s in kept], [scores[s] for s in kept], [prefixes[s] for s in kept]
-        last = torch.tensor(tokens, device=src.device)
-        cache = cache.select(torch.tensor(parents, device=src.device), sentences)
-    return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in hyps]
-
-
-def row_candidates(model, logits: Tensor, width: int, bar_eos: bool,
-                   at_limit: list[bool]) -> tuple[list[list[float]], list[list[int]]]:
-    """Each row's `width` best tokens and their log-probabilities, as `next_token_logprobs` and `top_tokens` give
-    them, in lists: in one call into C where the model decodes there (`NativeDecodeStep.top_logprobs`) and no row is
-    at its length limit (its last step); with `bar_eos`, EOS dropped from one more."""
-    top = getattr(model.decode_step, "top_logprobs", None)
-    if top is None or logits.device.type != "cpu" or any(at_limit) or width + bar_eos > logits.size(1):
-        logp = next_token_logprobs(logits, bar_eos, torch.tensor(at_limit, device=logits.device))
-        return tuple(t.tolist() for t in top_tokens(logp, width))
-    values, tokens = top(logits, width + bar_eos)
-    if bar_eos:  # EOS cannot be chosen: each row's best without it
-        for lp, tok in zip(values, tokens, strict=True):
-            drop = tok.index(EOS) if EOS in tok else width
-            del lp[drop], tok[drop]
-    return values, tokens
-
-
-def few_slot_order(parents: list[int]) -> list[int]:
-    """`slot_order` of one sentence, in lists: for each slot, the index of the child (among `parents`, best first)
-    that goes in it."""
-    k = len(parents)
-    first = [parents.index(p) == c for c, p in enumerate(parents)]
-    childless = iter(j for j in range(k) if j not in parents)
-    slot = [p if f else next(childless) for p, f in zip(parents, first, strict=True)]
-    order = [0] * k
-    for child, at in enumerate(slot):
-        order[at] = child
-    return order
 
 
 @dataclass
@@ -304,167 +204,6 @@ class Finished:
                 self.kth_best[i] = self.hyps[i][-1].score
 
 
-@dataclass
-class Slot:
-    """A live hypothesis of constrained search: its total log-probability, pieces and progress on the phrases."""
-
-    score: float
-    tokens: list[int]
-    progress: Progress
-
-
-@torch.inference_mode()
-def constrained_beam_search(model, src: Tensor, constraints: Constraints, beam: int = 4, len_penalty: float = 0.6,
-                            max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
-    """Beam search in which each sentence's translations hold its phrases of `constraints` (piece ids, in the order
-    the model writes them), by dynamic beam allocation (Post & Vilar 2018; the bookkeeping is
-    mt/decode/constrained.py's); no `constraints.glued` piece follows a phrase's last piece.
-
-    Each beam is offered (`offers`) the best continuations of `beam_search`, its best token and the next piece of
-    each phrase it could go on with; the beam is shared among banks by pieces placed (`choose`). A hypothesis may
-    end only once it holds every phrase (`forbid`). It always ends: at the length limit every beam ends, and those
-    that could not hold every phrase rank after any that do, most phrases placed first (`best_first`).
-    """
-    if nbest > beam:
-        raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({beam})")
-    memory, src_mask = model.encode(src)
-    limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
-    steps, n, k = max(limits), src.size(0), beam
-    cache = model.start_cache(memory, src_mask, steps, beam=k)
-    rules = [Phrases(c) for c in constraints.phrases]
-    glued = torch.tensor(sorted(constraints.glued), dtype=torch.long, device=src.device)
-    slots: list[list[Slot | None]] = [[Slot(0.0, [], Progress())] + [None] * (k - 1) for _ in range(n)]
-    active = list(range(n))  # the original sentence of each running one
-    found: list[list[Hypothesis]] = [[] for _ in range(n)]  # those that hold every phrase
-    fallback: list[list[tuple[int, Hypothesis]]] = [[] for _ in range(n)]  # (phrases placed, hypothesis): others
-    last = torch.full((n * k,), BOS, dtype=torch.long, device=src.device)
-    for step in range(steps):
-        logits, cache = model.decode_step(last, cache)
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (n*k, V)
-        ends = logp[:, EOS].tolist()
-        penalty = length_penalty(step + 1, len_penalty)
-        forbid(logp, slots, [rules[i] for i in active], glued)
-        offered = offers(slots, [rules[i] for i in active], logp)
-        kept, parents, tokens = [], [], []
-        for s, row in enumerate(slots):
-            i, rule, offer = active[s], rules[active[s]], offered[s]
-            for j, slot in enumerate(row):
-                if slot is not None and not rule.complete(slot.progress):  # where it would have ended, if allowed
-                    ended = slot.score + (0.0 if limits[i] <= step + 1 else ends[s * k + j])
-                    fallback[i].append((rule.placed(slot.progress), Hypothesis(slot.tokens, ended / penalty, ended)))
-            if limits[i] <= step + 1:  # every beam ends here: those that hold every phrase are found
-                for slot in row:
-                    if slot is not None and rule.complete(slot.progress):
-                        found[i].append(Hypothesis(slot.tokens, slot.score / penalty, slot.score))
-                continue
-            moves, pick = choose(row, rule, offer, penalty, found[i])
-            if len(found[i]) >= nbest:
-                found[i] = sorted(found[i], key=lambda h: -h.score)[:nbest]
-            if not pick or (len(found[i]) >= nbest and found[i][-1].score >= moves[pick[0]][0] / penalty):
-                continue  # done: no live beam can beat the nbest-th found
-            kept.append(s)
-            chosen = [moves[p] for p in pick] + [None] * (k - len(pick))
-            parents += [s * k + (m[1] if m else 0) for m in chosen]
-            tokens += [m[2] if m else EOS for m in chosen]
-            slots[s] = [Slot(m[0], row[m[1]].tokens + [m[2]], m[3]) if m else None for m in chosen]
-        if not kept:
-            break
-        sentences = None if len(kept) == len(active) else torch.tensor(kept, device=src.device)
-        slots, active = [slots[s] for s in kept], [active[s] for s in kept]
-        last = torch.tensor(tokens, device=src.device)
-        cache = cache.select(torch.tensor(parents, device=src.device), sentences)
-    return [best_first(found[i], fallback[i], nbest) for i in range(n)]
-
-
-def choose(row: list[Slot | None], rule: Phrases, offer: dict[tuple[int, int], float], penalty: float,
-           found: list[Hypothesis]) -> tuple[list[tuple], list[int]]:
-    """A sentence's moves on offer, (score, beam, token, progress), and which of them go on (`allocate`'s pick);
-    an ending among the beam's best of those that hold every phrase is added to `found`."""
-    k = len(row)
-    moves = [(score, j, tok, rule.advance(row[j].progress, tok)) for (j, tok), score in offer.items()]
-    top = sorted((m for m in moves if rule.complete(m[3])), key=lambda m: -m[0])[:k]
-    for score, j, tok, _ in top:
-        if tok == EOS:
-            found.append(Hypothesis(row[j].tokens, score / penalty, score))
-    moves = [m for m in moves if m[2] != EOS and m[0] > -torch.inf]
-    return moves, allocate([(m[0], rule.met(m[3])) for m in moves], k, rule.total + 1)
-
-
-def forbid(logp: Tensor, slots: list[list[Slot | None]], rules: list[Phrases], glued: Tensor) -> None:
-    """In place, on the running beams' log-probabilities (n*k, V): no ending for a hypothesis that does not hold
-    every phrase yet, and no `glued` piece right after a phrase's last piece (its last word ends with it)."""
-    k = len(slots[0]) if slots else 0
-    unfinished = [s * k + j for s, row in enumerate(slots) for j, slot in enumerate(row)
-                  if slot is not None and not rules[s].complete(slot.progress)]
-    logp[unfinished, EOS] = -torch.inf
-    closed = [s * k + j for s, row in enumerate(slots) for j, slot in enumerate(row)
-              if slot is not None and slot.progress.closed]
-    if closed and glued.numel():
-        logp[torch.tensor(closed, device=logp.device)[:, None], glued] = -torch.inf
-
-
-def offers(slots: list[list[Slot | None]], rules: list[Phrases], logp: Tensor) -> list[dict[tuple[int, int], float]]:
-    """Each running sentence's continuations on offer, {(beam, token): score}: each beam's next piece of every phrase
-    it could go on with, its best token, and the sentence's best continuations as `beam_search` has them."""
-    k = len(slots[0]) if slots else 0
-    scores = torch.tensor([[-torch.inf if slot is None else slot.score for slot in row] for row in slots],
-                          device=logp.device)
-    top_scores, top_beam, top_tok = (t.tolist() for t in candidates(scores, logp))
-    best_lp, best_tok = (t.tolist() for t in logp.max(dim=1))
-    wanted = [(s * k + j, tok) for s, row in enumerate(slots) for j, slot in enumerate(row) if slot is not None
-              for tok in rules[s].allowed(slot.progress)]
-    wanted_lp = logp[[r for r, _ in wanted], [t for _, t in wanted]].tolist() if wanted else []
-    offered: list[dict[tuple[int, int], float]] = [{} for _ in slots]
-    for (row, tok), lp in zip(wanted, wanted_lp, strict=True):
-        offered[row // k][(row % k, tok)] = slots[row // k][row % k].score + lp
-    for s, row in enumerate(slots):
-        for j, slot in enumerate(row):
-            if slot is not None:
-                offered[s][(j, best_tok[s * k + j])] = slot.score + best_lp[s * k + j]
-        for score, j, tok in zip(top_scores[s], top_beam[s], top_tok[s], strict=True):
-            if score > -torch.inf:
-                offered[s][(j, tok)] = score
-    return offered
-
-
-def best_first(found: list[Hypothesis], fallback: list[tuple[int, Hypothesis]], nbest: int) -> list[Hypothesis]:
-    """A sentence's `nbest`: those that hold every phrase by score, then the others, most phrases placed first."""
-    placed = sorted(found, key=lambda h: -h.score)[:nbest]
-    rest = sorted(fallback, key=lambda m: (-m[0], -m[1].score))[:nbest - len(placed)]
-    return placed + [h for _, h in rest]
-
-
-def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Each sentence's 2k best continuations of its k beams (2k: at least k of them do not end in EOS), best
-    first: their scores (n, 2k), the beam each continues and the token it adds.
-
-    They are among the beams' 2k best tokens each, so the top-k runs over (n*k, V) once and then over
-    (n, k*2k), never over k*V.
-    """
-    k = scores.size(1)
-    width = min(2 * k, logp.size(1))
-    row_lp, row_tok = top_tokens(logp, width)  # (n*k, width)
-    cand = (scores.view(-1, 1) + row_lp).view(-1, k * width)  # (n, k*width)
-    top_scores, top_idx = cand.topk(min(2 * k, cand.size(1)), dim=1)
-    return top_scores, top_idx // width, row_tok.view(-1, k * width).gather(1, top_idx)
-
-
-def top_tokens(logp: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:
-    """`logp.topk(k, dim=1)` in two short passes: the k best of a row lie in the k chunks (of `chunk` tokens)
-    with the highest maxima, since any other chunk has k elements above its maximum. The chunk maxima are one
-    vectorised reduction; torch.topk over a whole vocabulary is not."""
-    rows, vocab = logp.shape
-    whole = vocab // chunk * chunk
-    if whole < 4 * k * chunk:
-        return logp.topk(k, dim=1)
-    best_chunks = logp[:, :whole].view(rows, -1, chunk).amax(dim=2).topk(k, dim=1).indices  # (rows, k)
-    cols = (best_chunks[:, :, None] * chunk + torch.arange(chunk, device=logp.device)).view(rows, -1)
-    if whole < vocab:  # the tail that fills no chunk is always a candidate
-        cols = torch.cat([cols, torch.arange(whole, vocab, device=logp.device).expand(rows, -1)], dim=1)
-    values, at = logp.gather(1, cols).topk(k, dim=1)
-    return values, cols.gather(1, at)
-
-
 def slot_order(parents: Tensor) -> Tensor:
     """Where the next beams go, given the beam each continues (n, k): each parent's first (best) child takes
     its parent's slot, the other children the slots of the parents left without children, in order. Returns,
@@ -475,22 +214,6 @@ def slot_order(parents: Tensor) -> Tensor:
     childless_first = (children.sum(1) > 0).to(torch.int8).argsort(dim=1, stable=True)  # childless parents first
     slot = torch.where(first, parents, childless_first.gather(1, ((~first).cumsum(1) - 1).clamp(min=0)))
     return slot.argsort(1)  # slot is a permutation: its inverse
-
-
-def next_token_logprobs(logits: Tensor, bar_eos: bool, at_limit: Tensor) -> Tensor:
-    """Log-probabilities (B, V) of the next token. With `bar_eos`, EOS cannot be chosen; rows `at_limit` may
-    only end (EOS gets log-probability 0, all else -inf)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    if bar_eos:
-        logp[:, EOS] = -torch.inf
-    if at_limit.any():
-        logp[at_limit] = -torch.inf
-        logp[at_limit, EOS] = 0.0
-    return logp
-
-
-def until_eos(tokens: list[int]) -> list[int]:
-    return tokens[:tokens.index(EOS)] if EOS in tokens else tokens
 
 
 @torch.inference_mode()

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from mt.data.tokenizer import EOS, PAD
 from mt.decode.constrained import Constraints, Phrases, Progress, allocate, bank_sizes, holds
+from mt.decode.constrained_search import constrained_beam_search
 from mt.decode.ctranslate2 import CTranslate2Model
 from mt.decode.rerank import Reranked
-from mt.decode.search import SearchOptions, beam_search, constrained_beam_search, translate_ids
+from mt.decode.search import SearchOptions, beam_search, translate_ids
 from mt.errors import MtError
 
 from ..conftest import tiny_model

@@ -121,7 +121,7 @@ def test_beams_keep_their_parents_slot_so_the_cache_moves_few_rows():
 
 @pytest.mark.parametrize("vocab", [8000, 8003, 100])
 def test_top_tokens_are_those_of_topk(vocab):
-    from mt.decode.search import top_tokens
+    from mt.decode.hypotheses import top_tokens
     logp = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)).log_softmax(-1)
     logp[1] = -torch.inf  # a row that may only end
     logp[1, EOS] = 0.0
@@ -166,7 +166,8 @@ def test_few_rows_keep_their_books_in_lists_and_find_the_same_hypotheses(seed, m
 
 
 def test_few_slot_order_is_slot_order():
-    from mt.decode.search import few_slot_order, slot_order
+    from mt.decode.few_beams import few_slot_order
+    from mt.decode.search import slot_order
     g = torch.Generator().manual_seed(0)
     parents = torch.randint(0, 5, (200, 5), generator=g)
     expected = slot_order(parents).tolist()

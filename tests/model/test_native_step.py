@@ -244,7 +244,7 @@ def test_candidates_ranked_in_c_are_pytorch_s(vocab):
 def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
     from types import SimpleNamespace
 
-    from mt.decode.search import row_candidates
+    from mt.decode.few_beams import row_candidates
     native, _ = models("fp32")
     in_torch = SimpleNamespace(decode_step=None)  # a model without the C step's ranking
     logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1))

@@ -1,0 +1,100 @@
+"""Beam search over a few rows (a lone sentence's beam), its bookkeeping in Python lists: `beam_search`
+(mt/decode/search.py) hands it searches of up to `FEW_ROWS` rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from mt.data.tokenizer import BOS, EOS
+from mt.decode.hypotheses import Hypothesis, length_penalty, max_lengths, next_token_logprobs, top_tokens
+
+
+@torch.inference_mode()
+def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a: float, max_len_b: int,
+                    nbest: int, min_len: int) -> list[list[Hypothesis]]:
+    """`beam_search` for a few rows (a lone sentence's beam), the same search with its bookkeeping in Python lists.
+
+    Why: each step of `beam_search` runs some sixty small tensor operations, microseconds each whatever their size;
+    for a few rows that is as long as the decoding step itself (docs/performance.md). Here a step runs the decoder
+    and finds each row's best tokens (`row_candidates`: in C where the model decodes there), and ranks the few dozen
+    candidates in Python: the same hypotheses as `Beams` and `Finished` find (tests hold them equal), up to the
+    order of exact ties.
+    """
+    memory, src_mask = model.encode(src)
+    limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
+    n, k, steps = src.size(0), beam, max(limits)
+    cache = model.start_cache(memory, src_mask, steps, beam=k)
+    active = list(range(n))  # the original sentence of each running one
+    scores = [[0.0] + [-math.inf] * (k - 1) for _ in range(n)]  # per running sentence, per slot
+    prefixes: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+    hyps: list[list[Hypothesis]] = [[] for _ in range(n)]
+    kth_best = [-math.inf] * n  # as Finished.kth_best
+    last = torch.full((n * k,), BOS, dtype=torch.long, device=src.device)
+    for step in range(steps):
+        logits, cache = model.decode_step(last, cache)
+        row_lp, row_tok = row_candidates(model, logits, min(2 * k, logits.size(1)), step < min_len,
+                                         [limits[i] <= step + 1 for i in active for _ in range(k)])
+        penalty = length_penalty(step + 1, len_penalty)
+        kept, parents, tokens = [], [], []
+        for s, i in enumerate(active):
+            cand = sorted(((scores[s][j] + lp, j, tok) for j in range(k)
+                           for lp, tok in zip(row_lp[s * k + j], row_tok[s * k + j], strict=True)),
+                          key=lambda c: -c[0])[:2 * k]
+            for score, j, tok in cand[:k]:  # Finished.add
+                if tok == EOS and score > -math.inf:
+                    hyps[i].append(Hypothesis(list(prefixes[s][j]), score / penalty, score))
+                    if len(hyps[i]) >= nbest:
+                        hyps[i] = sorted(hyps[i], key=lambda h: h.score, reverse=True)[:nbest]
+                        kth_best[i] = hyps[i][-1].score
+            live = sorted(((-math.inf if tok == EOS else score, j, tok) for score, j, tok in cand),
+                          key=lambda c: -c[0])[:k]  # Beams.advance
+            if not kth_best[i] < live[0][0] / penalty:
+                continue  # done: no live beam can beat the nbest-th finished one
+            slot = few_slot_order([j for _, j, _ in live])
+            chosen = [live[c] for c in slot]
+            kept.append(s)
+            parents += [s * k + j for _, j, _ in chosen]
+            tokens += [tok for _, _, tok in chosen]
+            scores[s] = [score for score, _, _ in chosen]
+            prefixes[s] = [prefixes[s][j] + [tok] for _, j, tok in chosen]
+        if not kept:
+            break
+        sentences = None if len(kept) == len(active) else torch.tensor(kept, device=src.device)
+        active, scores, prefixes = [active[s] for s in kept], [scores[s] for s in kept], [prefixes[s] for s in kept]
+        last = torch.tensor(tokens, device=src.device)
+        cache = cache.select(torch.tensor(parents, device=src.device), sentences)
+    return [sorted(h, key=lambda h: h.score, reverse=True)[:nbest] for h in hyps]
+
+
+def row_candidates(model, logits: Tensor, width: int, bar_eos: bool,
+                   at_limit: list[bool]) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's `width` best tokens and their log-probabilities, as `next_token_logprobs` and `top_tokens` give
+    them, in lists: in one call into C where the model decodes there (`NativeDecodeStep.top_logprobs`) and no row is
+    at its length limit (its last step); with `bar_eos`, EOS dropped from one more."""
+    top = getattr(model.decode_step, "top_logprobs", None)
+    if top is None or logits.device.type != "cpu" or any(at_limit) or width + bar_eos > logits.size(1):
+        logp = next_token_logprobs(logits, bar_eos, torch.tensor(at_limit, device=logits.device))
+        return tuple(t.tolist() for t in top_tokens(logp, width))
+    values, tokens = top(logits, width + bar_eos)
+    if bar_eos:  # EOS cannot be chosen: each row's best without it
+        for lp, tok in zip(values, tokens, strict=True):
+            drop = tok.index(EOS) if EOS in tok else width
+            del lp[drop], tok[drop]
+    return values, tokens
+
+
+def few_slot_order(parents: list[int]) -> list[int]:
+    """`slot_order` of one sentence, in lists: for each slot, the index of the child (among `parents`, best first)
+    that goes in it."""
+    k = len(parents)
+    first = [parents.index(p) == c for c, p in enumerate(parents)]
+    childless = iter(j for j in range(k) if j not in parents)
+    slot = [p if f else next(childless) for p, f in zip(parents, first, strict=True)]
+    order = [0] * k
+    for child, at in enumerate(slot):
+        order[at] = child
+    return order
