@@ -1,5 +1,5 @@
 """What every search shares: a finished `Hypothesis`, the output length limit, the length penalty, the next
-token's log-probabilities, and the best candidates of a step's beams (mt/decode/search.py, few_beams.py,
+token's log-probabilities, and the best candidates of a step's beams (mt/decode/search.py, few_rows.py,
 constrained_search.py).
 """
 

@@ -9,8 +9,8 @@ attention weights: such a kind has `cross_attention(src, tgt)` (mt/decode/alignm
 
 Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
 source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
-running batch, so a long sentence does not keep short ones computing. A few rows (a lone sentence's beam) are
-searched by mt/decode/few_beams.py, the same search with its books in Python lists; what all searches share is
+running batch, so a long sentence does not keep short ones computing. A few rows (a lone sentence, its beam) are
+searched by mt/decode/few_rows.py, the same searches with their books in Python lists; what all searches share is
 mt/decode/hypotheses.py's. `constrained_beam_search` (mt/decode/constrained_search.py) is beam search whose
 translations must hold given target phrases (a glossary's terms), which `translate_ids` takes per source.
 """
@@ -30,7 +30,7 @@ from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import BOS, EOS, PAD
 from mt.decode.constrained import Constraints
 from mt.decode.constrained_search import constrained_beam_search
-from mt.decode.few_beams import few_beam_search
+from mt.decode.few_rows import few_beam_search, few_greedy
 from mt.decode.hypotheses import Hypothesis, candidates, length_penalty, max_lengths, next_token_logprobs, until_eos
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
@@ -68,9 +68,14 @@ class SearchOptions:
         return opts
 
 
+FEW_ROWS = 8  # up to this many rows (sentences x beam) a search keeps its books in Python lists (few_rows.py)
+
+
 @torch.inference_mode()
 def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0) -> list[Hypothesis]:
     """The most likely next token at every step until EOS or the length limit (EOS barred before `min_len`)."""
+    if src.size(0) <= FEW_ROWS:
+        return few_greedy(model, src, max_len_a, max_len_b, min_len)
     memory, src_mask = model.encode(src)
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
     steps = int(limit.max())
@@ -93,9 +98,6 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
             keep = running.nonzero().squeeze(1)
             active, tokens, cache = active[keep], tokens[keep], cache.select(keep, keep)
     return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
-
-
-FEW_ROWS = 8  # up to this many rows (sentences x beam) beam search keeps its books in Python lists (few_beams.py)
 
 
 @torch.inference_mode()

@@ -256,7 +256,7 @@ class NativeDecodeStep:
 
     def top_logprobs(self, logits: Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
         """Each row's `width` most likely tokens, best first, and their log-probabilities (log-softmax over the row),
-        in one call into C: what beam search over a few rows ranks (mt/decode/few_beams.py)."""
+        in one call into C: what beam search over a few rows ranks (mt/decode/few_rows.py)."""
         logits = logits.float().contiguous()
         rows, vocab = logits.shape
         values, tokens = torch.empty(rows, width), torch.empty(rows, width, dtype=torch.int64)

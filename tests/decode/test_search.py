@@ -145,28 +145,37 @@ def test_no_hypothesis_ends_before_min_len():
         assert [len(h.tokens) for h in hyps] == [min_len, min_len]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_few_rows_keep_their_books_in_lists_and_find_the_same_hypotheses(seed, monkeypatch):
+@pytest.mark.parametrize("seed,eos_bias", [(0, 0.0), (1, 0.0), (2, 3.0), (3, 3.0)])
+def test_few_rows_keep_their_books_in_lists_and_find_the_same_hypotheses(seed, eos_bias, monkeypatch):
     import mt.decode.search as search
     model = tiny_model(seed=seed)
+    step = model.decode_step
+
+    def ending(tokens, cache):  # with a bias, most hypotheses end before the limit, on EOS's own probability
+        logits, cache = step(tokens, cache)
+        logits[:, EOS] += eos_bias
+        return logits, cache
+
+    model.decode_step = ending
     src = sources(n=2, seed=seed)
+    rows = [src[i:i + 1, : int((src[i] != PAD).sum())] for i in range(src.size(0))] + [src]
     for beam, nbest, alpha, min_len in ((4, 1, 0.6, 0), (3, 3, 1.0, 0), (2, 2, 0.0, 3), (8, 2, 0.6, 0), (1, 1, 0.6, 0)):
-        rows = [src[i:i + 1, : int((src[i] != PAD).sum())] for i in range(src.size(0))] + [src]
         found = {}
-        for few in (search.FEW_ROWS, 0):  # lists, then the tensors of any batch
+        for few in (8, 0):  # lists, then the tensors of any batch
             monkeypatch.setattr(search, "FEW_ROWS", few)
-            found[few] = [search.beam_search(model, r, beam, alpha, 1.0, 4, nbest, min_len) for r in rows]
-        listed, tensors = found[search.FEW_ROWS], found[0]
-        assert [[[h.tokens for h in hs] for hs in r] for r in listed] == \
-            [[[h.tokens for h in hs] for hs in r] for r in tensors]
-        for a, b in zip(listed, tensors, strict=True):
-            for ha, hb in zip(a, b, strict=True):
-                assert [h.score for h in ha] == pytest.approx([h.score for h in hb], abs=1e-5)
-                assert [h.logprob for h in ha] == pytest.approx([h.logprob for h in hb], abs=1e-5)
+            found[few] = ([search.beam_search(model, r, beam, alpha, 1.0, 6, nbest, min_len) for r in rows],
+                          [[search.greedy(model, r, 1.0, 6, min_len)] for r in rows])
+        for listed, tensors in zip(found[8], found[0], strict=True):
+            assert [[[h.tokens for h in hs] for hs in r] for r in listed] == \
+                [[[h.tokens for h in hs] for hs in r] for r in tensors]
+            for a, b in zip(listed, tensors, strict=True):
+                for ha, hb in zip(a, b, strict=True):
+                    assert [h.score for h in ha] == pytest.approx([h.score for h in hb], abs=1e-5)
+                    assert [h.logprob for h in ha] == pytest.approx([h.logprob for h in hb], abs=1e-5)
 
 
 def test_few_slot_order_is_slot_order():
-    from mt.decode.few_beams import few_slot_order
+    from mt.decode.few_rows import few_slot_order
     from mt.decode.search import slot_order
     g = torch.Generator().manual_seed(0)
     parents = torch.randint(0, 5, (200, 5), generator=g)

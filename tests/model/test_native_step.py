@@ -219,7 +219,7 @@ def test_rows_beam_search_moves_are_moved_in_c_as_in_pytorch(rows):
             torch.tensor([0, 1, 2, 3, 4, 9]))
 
 
-def test_a_lone_sentence_s_beams_decoded_in_c_are_pytorch_s():
+def test_a_lone_sentence_decoded_in_c_is_pytorch_s():
     native, plain = models("fp32")
     src = pad(SOURCES[:1], [], [])
     for beam in (2, 4):
@@ -227,6 +227,9 @@ def test_a_lone_sentence_s_beams_decoded_in_c_are_pytorch_s():
         theirs = beam_search(plain, src, beam=beam, max_len_a=0.0, max_len_b=12, nbest=beam)[0]
         assert [h.tokens for h in ours] == [h.tokens for h in theirs]
         assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-4)
+    ours, theirs = (greedy(m, src, max_len_a=0.0, max_len_b=12)[0] for m in (native, plain))
+    assert ours.tokens == theirs.tokens
+    assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4)
 
 
 @pytest.mark.parametrize("vocab", [8000, 45, 5])  # a whole number of lanes, not, and fewer tokens than asked
@@ -244,7 +247,7 @@ def test_candidates_ranked_in_c_are_pytorch_s(vocab):
 def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
     from types import SimpleNamespace
 
-    from mt.decode.few_beams import row_candidates
+    from mt.decode.few_rows import row_candidates
     native, _ = models("fp32")
     in_torch = SimpleNamespace(decode_step=None)  # a model without the C step's ranking
     logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1))

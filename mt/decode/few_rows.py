@@ -1,5 +1,11 @@
-"""Beam search over a few rows (a lone sentence's beam), its bookkeeping in Python lists: `beam_search`
-(mt/decode/search.py) hands it searches of up to `FEW_ROWS` rows.
+"""Greedy and beam search over a few rows (a lone sentence, its beam), their bookkeeping in Python lists: `greedy`
+and `beam_search` (mt/decode/search.py) hand them searches of up to `FEW_ROWS` rows.
+
+Why: each step of the tensor searches runs a dozen (greedy) to sixty (beam) small tensor operations, microseconds
+each whatever their size; for a few rows that is as long as the decoding step itself (docs/performance.md). Here a
+step runs the decoder and finds each row's best tokens (`row_candidates`: in C where the model decodes there), and
+the rest is a few dozen numbers in Python: the same hypotheses as the tensor searches find (tests hold them equal),
+up to the order of exact ties.
 """
 
 from __future__ import annotations
@@ -14,16 +20,38 @@ from mt.decode.hypotheses import Hypothesis, length_penalty, max_lengths, next_t
 
 
 @torch.inference_mode()
+def few_greedy(model, src: Tensor, max_len_a: float, max_len_b: int, min_len: int) -> list[Hypothesis]:
+    """`greedy` for a few rows: each step's best token of each row in lists."""
+    memory, src_mask = model.encode(src)
+    limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
+    n, steps = src.size(0), max(limits)
+    cache = model.start_cache(memory, src_mask, steps)
+    active = list(range(n))  # the original sentence of each running one
+    found: list[list[int]] = [[] for _ in range(n)]
+    logprob = [0.0] * n
+    last = torch.full((n,), BOS, dtype=torch.long, device=src.device)
+    for step in range(steps):
+        logits, cache = model.decode_step(last, cache)
+        best, tokens = row_candidates(model, logits, 1, step < min_len, [limits[i] <= step + 1 for i in active])
+        running = []
+        for s, i in enumerate(active):
+            logprob[i] += best[s][0]
+            if tokens[s][0] != EOS:
+                found[i].append(tokens[s][0])
+                running.append(s)
+        if not running:
+            break
+        if len(running) < len(active):
+            keep = torch.tensor(running, device=src.device)
+            active, cache = [active[s] for s in running], cache.select(keep, keep)
+        last = torch.tensor([tokens[s][0] for s in running], device=src.device)
+    return [Hypothesis(tokens, lp, lp) for tokens, lp in zip(found, logprob, strict=True)]
+
+
+@torch.inference_mode()
 def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a: float, max_len_b: int,
                     nbest: int, min_len: int) -> list[list[Hypothesis]]:
-    """`beam_search` for a few rows (a lone sentence's beam), the same search with its bookkeeping in Python lists.
-
-    Why: each step of `beam_search` runs some sixty small tensor operations, microseconds each whatever their size;
-    for a few rows that is as long as the decoding step itself (docs/performance.md). Here a step runs the decoder
-    and finds each row's best tokens (`row_candidates`: in C where the model decodes there), and ranks the few dozen
-    candidates in Python: the same hypotheses as `Beams` and `Finished` find (tests hold them equal), up to the
-    order of exact ties.
-    """
+    """`beam_search` for a few rows: each step ranks the few dozen candidates of `Beams` and `Finished` in lists."""
     memory, src_mask = model.encode(src)
     limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
     n, k, steps = src.size(0), beam, max(limits)
