@@ -14,8 +14,9 @@
 /* The model's sizes (`dims`, as native_step.py fills it) and its parameters (`params`): per decoder layer
  * PER_LAYER slots, then the tail. A linear layer takes four slots: weight, int8 scales and int8 column sums (NULL in
  * fp32), bias (or NULL). Weights are packed in panels of outputs, each panel's weights in one run: fp32 ones in
- * panels of 16, (out rounded up to 16 / 16, in, 16); int8 ones in panels of eight, (out rounded up to 8 / 8, in / 4,
- * 8, 4), four inputs of each output side by side; each int8 output has its scale and the sum of its weights. */
+ * panels of 16, (out rounded up to 16 / 16, in, 16); int8 ones in panels of PANEL (8 with AVX2, 16 with AVX-512),
+ * (out rounded up / PANEL, in / 4, PANEL, 4), four inputs of each output side by side; each int8 output has its
+ * scale and the sum of its weights. */
 enum { D_MODEL, HEADS, D_FF, LAYERS, VOCAB, PRE_NORM, ACTIVATION, INT8, N_DIMS };
 enum { RELU, GELU, SILU };
 enum { QKV = 0, SELF_OUT = 4, CROSS_Q = 8, CROSS_OUT = 12, UP = 16, DOWN = 20, NORM_SELF = 24, NORM_CROSS = 26,
@@ -70,9 +71,50 @@ ALWAYS_INLINE void f32_panel(const float *x, int in, const float *w, const int R
     }
 }
 
+#ifdef __AVX512F__
+/* The same with AVX-512 (the library built for VNNI): a panel's 16 outputs in one register per row, P panels side
+ * by side so that enough multiply-adds run at once. */
+ALWAYS_INLINE void f32_panels512(const float *x, int in, const float *w, const int R, const int P, float *y, int out,
+                                 int o) {
+    __m512 a[4][2], b[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    int i = 0;
+    if (R == 1)
+        for (; i + 2 <= in; i += 2) {
+            __m512 x0 = _mm512_set1_ps(x[i]), x1 = _mm512_set1_ps(x[i + 1]);
+            for (int k = 0; k < P; k++) {
+                a[0][k] = _mm512_fmadd_ps(_mm512_loadu_ps(w + ((size_t)k * in + i) * 16), x0, a[0][k]);
+                b[k] = _mm512_fmadd_ps(_mm512_loadu_ps(w + ((size_t)k * in + i + 1) * 16), x1, b[k]);
+            }
+        }
+    for (; i < in; i++) {
+        __m512 wv[2];
+        for (int k = 0; k < P; k++) wv[k] = _mm512_loadu_ps(w + ((size_t)k * in + i) * 16);
+        for (int r = 0; r < R; r++) {
+            __m512 xb = _mm512_set1_ps(x[(size_t)r * in + i]);
+            for (int k = 0; k < P; k++) a[r][k] = _mm512_fmadd_ps(wv[k], xb, a[r][k]);
+        }
+    }
+    for (int k = 0; k < P; k++) a[0][k] = _mm512_add_ps(a[0][k], b[k]);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < P && o + 16 * k < out; k++) { /* the last panel may hold fewer than 16 outputs */
+            int left = out - o - 16 * k;
+            __mmask16 m = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            float *yr = y + (size_t)r * out + o + 16 * k;
+            _mm512_mask_storeu_ps(yr, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), a[r][k]));
+        }
+}
+
+ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, float *y) {
+    int o = 0;
+    for (; o + 16 < out; o += 32) f32_panels512(x, in, w + (size_t)o * in, R, 2, y, out, o);
+    if (o < out) f32_panels512(x, in, w + (size_t)o * in, R, 1, y, out, o);
+}
+#else
 ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, float *y) {
     for (int o = 0; o < out; o += 16) f32_panel(x, in, w + (size_t)o * in, R, y, out, o);
 }
+#endif
 
 /* fp32: y (rows, out) = x (rows, in) @ w + bias, four rows at a time. */
 static void linear_f32(const float *x, int rows, int in, int out, Linear l, float *y) {
@@ -98,15 +140,27 @@ static void linear_f32(const float *x, int rows, int in, int out, Linear l, floa
  * its limit, so nothing saturates (PyTorch's fbgemm likewise keeps activations to 7 bits on x86). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define LEVELS 255
-ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
-    return _mm256_dpbusd_epi32(acc, x4, w);
-}
+#define PANEL 16 /* int8 outputs per register: the packed weights' panels (mt_int8_panel tells native_step.py) */
+typedef __m512i Sums;
+ALWAYS_INLINE Sums sums_zero(void) { return _mm512_setzero_si512(); }
+ALWAYS_INLINE Sums sums_load(const int8_t *p) { return _mm512_loadu_si512(p); }
+ALWAYS_INLINE Sums sums_set1(int32_t v) { return _mm512_set1_epi32(v); }
+ALWAYS_INLINE void sums_store(int32_t *p, Sums v) { _mm512_storeu_si512(p, v); }
+ALWAYS_INLINE Sums dot4(Sums acc, Sums x4, Sums w) { return _mm512_dpbusd_epi32(acc, x4, w); }
 #else
 #define LEVELS 127
-ALWAYS_INLINE __m256i dot4(__m256i acc, __m256i x4, __m256i w) {
+#define PANEL 8
+typedef __m256i Sums;
+ALWAYS_INLINE Sums sums_zero(void) { return _mm256_setzero_si256(); }
+ALWAYS_INLINE Sums sums_load(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+ALWAYS_INLINE Sums sums_set1(int32_t v) { return _mm256_set1_epi32(v); }
+ALWAYS_INLINE void sums_store(int32_t *p, Sums v) { _mm256_storeu_si256((__m256i *)p, v); }
+ALWAYS_INLINE Sums dot4(Sums acc, Sums x4, Sums w) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x4, w), _mm256_set1_epi16(1)));
 }
 #endif
+
+int mt_int8_panel(void) { return PANEL; }
 
 static void quantize_rows(const float *x, int rows, int in, uint8_t *q, float *sx, int32_t *zx) {
     for (int r = 0; r < rows; r++) {
@@ -143,33 +197,32 @@ static void quantize_rows(const float *x, int rows, int in, uint8_t *q, float *s
     }
 }
 
-/* int32 sums over all of x's inputs for R rows and P panels of eight outputs (each panel's weights lie in one run,
+/* int32 sums over all of x's inputs for R rows and P panels of PANEL outputs (each panel's weights lie in one run,
  * group after group): the R * P sums stay in registers throughout and each weight is read once for all R rows. */
 ALWAYS_INLINE void i8_panels(const uint8_t *q, int in, int groups, const int8_t *w, int panel, const int R,
                              const int P, int32_t *acc, int padded) {
-    __m256i a[4][4];
+    Sums a[4][4];
     for (int r = 0; r < R; r++)
-        for (int k = 0; k < P; k++) a[r][k] = _mm256_setzero_si256();
-    const int8_t *wp = w + (size_t)panel * groups * 32;
+        for (int k = 0; k < P; k++) a[r][k] = sums_zero();
+    const int8_t *wp = w + (size_t)panel * groups * PANEL * 4;
     for (int g = 0; g < groups; g++) {
-        __m256i wv[4];
-        for (int k = 0; k < P; k++) wv[k] = _mm256_loadu_si256((const __m256i *)(wp + ((size_t)k * groups + g) * 32));
+        Sums wv[4];
+        for (int k = 0; k < P; k++) wv[k] = sums_load(wp + ((size_t)k * groups + g) * PANEL * 4);
         for (int r = 0; r < R; r++) {
             int32_t x4;
             memcpy(&x4, q + (size_t)r * in + 4 * g, 4);
-            __m256i xb = _mm256_set1_epi32(x4);
+            Sums xb = sums_set1(x4);
             for (int k = 0; k < P; k++) a[r][k] = dot4(a[r][k], xb, wv[k]);
         }
     }
     for (int r = 0; r < R; r++)
-        for (int k = 0; k < P; k++)
-            _mm256_storeu_si256((__m256i *)(acc + (size_t)r * padded + (size_t)(panel + k) * 8), a[r][k]);
+        for (int k = 0; k < P; k++) sums_store(acc + (size_t)r * padded + (size_t)(panel + k) * PANEL, a[r][k]);
 }
 
 /* All panels for R rows: P panels at a time, as many as the registers hold beside R rows' sums. */
 ALWAYS_INLINE void i8_rows(const uint8_t *q, int in, const int8_t *w, const int R, int32_t *acc, int padded) {
     const int P = R == 1 ? 4 : R == 2 ? 3 : 2;
-    int panels = padded / 8, groups = in / 4, p = 0;
+    int panels = padded / PANEL, groups = in / 4, p = 0;
     for (; p + P <= panels; p += P) i8_panels(q, in, groups, w, p, R, P, acc, padded);
     for (; p < panels; p++) i8_panels(q, in, groups, w, p, R, 1, acc, padded);
 }
@@ -178,7 +231,7 @@ ALWAYS_INLINE void i8_rows(const uint8_t *q, int in, const int8_t *w, const int 
  * + bias. */
 static void linear_i8(const float *x, int rows, int in, int out, Linear l, float *y, uint8_t *q, float *sx,
                       int32_t *zx, int32_t *acc) {
-    int padded = (out + 7) / 8 * 8;
+    int padded = (out + PANEL - 1) / PANEL * PANEL;
     quantize_rows(x, rows, in, q, sx, zx);
     for (int r = 0; r < rows; r += 4) {
         const uint8_t *qr = q + (size_t)r * in;
@@ -301,7 +354,7 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     uint8_t *q = int8 ? malloc((size_t)rows * (ff > d ? ff : d)) : NULL; /* int8's scratch, only there */
     float *sx = int8 ? malloc(sizeof(float) * rows) : NULL;
     int32_t *zx = int8 ? malloc(sizeof(int32_t) * rows) : NULL;
-    int32_t *acc = int8 ? malloc(sizeof(int32_t) * rows * (outputs + 8)) : NULL;
+    int32_t *acc = int8 ? malloc(sizeof(int32_t) * rows * (outputs + PANEL)) : NULL;
     int status = 0;
     if (!x || (int8 && (!q || !sx || !zx || !acc))) {
         status = -1;

@@ -102,6 +102,7 @@ def load() -> ctypes.CDLL | None:
     lib.mt_move_rows.restype = i32
     lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, pointer, pointer]
     lib.mt_top_logprobs.restype = None
+    lib.mt_int8_panel.restype = i32
     lib.instruction_set = isa
     return lib
 
@@ -171,6 +172,7 @@ class NativeDecodeStep:
         lib = library()
         self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
                                                                  lib.instruction_set)
+        self.int8_panel = lib.mt_int8_panel()  # outputs per panel of the packed int8 weights: 8, or 16 with AVX-512
         self.layout()
 
     def layout(self) -> None:
@@ -231,7 +233,7 @@ class NativeDecodeStep:
     def linear_slots(self, layer: nn.Module) -> list[int | None]:
         """A linear layer's four slots (weight, int8 scales, int8 column sums, bias), in native_step.c's layout."""
         if self.precision == "int8":
-            weight, scale, sums, bias = int8_packed(layer)
+            weight, scale, sums, bias = int8_packed(layer, self.int8_panel)
             return [self.kept(weight), self.kept(scale), self.kept(sums), self.kept(bias)]
         return [self.kept(f32_packed(layer.weight_t)), None, None, self.kept(layer.bias)]
 
@@ -297,16 +299,16 @@ def f32_packed(weight_t: Tensor) -> Tensor:
     return padded.view(n_in, -1, 16).transpose(0, 1).contiguous()
 
 
-def int8_packed(layer: nn.Module) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """An int8 layer's weight as native_step.c multiplies it: panels of eight outputs, (out rounded up to 8 / 8,
-    in / 4, 8, 4), four inputs of each output side by side; its scale per output; the sum of each output's weights
-    (what an activation's zero point adds to its products), rounded up to 8 with zeros; its bias. -128 becomes -127,
-    the symmetric range, so that a pair of products stays within int16 in AVX2's vpmaddubsw."""
+def int8_packed(layer: nn.Module, panel: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """An int8 layer's weight as native_step.c multiplies it: panels of `panel` outputs, (out rounded up / panel,
+    in / 4, panel, 4), four inputs of each output side by side; its scale per output; the sum of each output's
+    weights (what an activation's zero point adds to its products), rounded up with zeros; its bias. -128 becomes
+    -127, the symmetric range, so that a pair of products stays within int16 in AVX2's vpmaddubsw."""
     weight = layer.weight()  # quantized per output channel, zero point 0
     q = weight.int_repr().clamp_(min=-127)  # (out, in)
     out, n_in = q.shape
-    padded = torch.zeros((out + 7) // 8 * 8, n_in, dtype=torch.int8)
+    padded = torch.zeros(-(-out // panel) * panel, n_in, dtype=torch.int8)
     padded[:out] = q
-    packed = padded.view(-1, 8, n_in // 4, 4).transpose(1, 2).contiguous()  # (out / 8, in / 4, 8, 4)
+    packed = padded.view(-1, panel, n_in // 4, 4).transpose(1, 2).contiguous()  # (out / panel, in / 4, panel, 4)
     sums = padded.sum(dim=1, dtype=torch.int32)
     return packed, weight.q_per_channel_scales().float(), sums, layer.bias()
