@@ -48,7 +48,8 @@ class DecoderCache:
             listed = rows.tolist()
             moved = [i for i, r in enumerate(listed) if r != i]
             if len(moved) < width // 2:
-                self.move_rows(self, moved, [listed[i] for i in moved])
+                if moved:
+                    self.move_rows(self, moved, [listed[i] for i in moved])
                 return self
         elif sentences is None and rows.numel() == width:
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)

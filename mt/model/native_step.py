@@ -263,6 +263,9 @@ class NativeDecodeStep:
     def top_logprobs(self, logits: Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
         """Each row's `width` most likely tokens, best first, and their log-probabilities (log-softmax over the row),
         in one call into C: what beam search over a few rows ranks (mt/decode/few_rows.py)."""
+        if width < 1 or logits.dim() != 2 or logits.device.type != "cpu":
+            raise ValueError(f"the C ranking takes CPU logits (rows, vocabulary) and width >= 1, not "
+                             f"{tuple(logits.shape)} on {logits.device} and width {width}")
         logits = logits.float().contiguous()
         rows, vocab = logits.shape
         values, tokens = torch.empty(rows, width), torch.empty(rows, width, dtype=torch.int64)
@@ -274,8 +277,9 @@ class NativeDecodeStep:
         each self-attention buffer at every filled position, as the C step left them (fp32, contiguous)."""
         buffers = cache.self_k + cache.self_v
         rows, length = buffers[0].size(1), cache.length
-        if not all(0 <= r < rows for r in to + sources):
-            raise IndexError(f"beam search moved rows {sources} to {to}, outside the cache's {rows} rows")
+        if len(to) != len(sources) or not all(0 <= r < rows for r in to + sources):
+            raise IndexError(f"beam search moved rows {sources} to {to}: not one source per row, or outside the "
+                             f"cache's {rows} rows")
         pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
         rows_of = ctypes.c_int64 * len(to)
         if self.mover(pointers, len(buffers), length, rows, buffers[0][0, 0].numel(), rows_of(*to), rows_of(*sources),

@@ -242,6 +242,8 @@ def test_candidates_ranked_in_c_are_pytorch_s(vocab):
     assert torch.equal(tokens[:, :vocab], expected.indices)
     torch.testing.assert_close(values[:, :vocab], expected.values, rtol=1e-5, atol=1e-5)
     assert (values[:, vocab:] == -torch.inf).all()
+    with pytest.raises(ValueError, match="width >= 1"):
+        native.decode_step.top_logprobs(logits, 0)
 
 
 def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
