@@ -6,7 +6,8 @@ operations around them. Through PyTorch each costs microseconds of dispatch what
 products read the weights at half the speed the memory allows (docs/performance.md). In C the step costs what
 reading its weights costs. It reads its own copy of the decoder's weights, packed in panels of outputs so that a
 few rows' sums stay in registers while the weights stream in memory order: one more byte per weight in int8, four in
-fp32.
+fp32. Beside the step the library holds beam search's two helpers for a few rows (native_search.c: each row's best
+tokens and log-probabilities, the cache rows a step moves; mt/decode/few_rows.py).
 
 `install(model, precision)` (called by `mt.model.fast.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model: up to `max_rows` rows it runs the C step, above them, or under
@@ -40,7 +41,7 @@ from mt.errors import MtError
 from mt.model.cache import DecoderCache
 from mt.model.transformer import Transformer
 
-SOURCE = Path(__file__).with_name("native_step.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("native_step.c", "native_search.c")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
 # int8: sums of four products in one instruction, where PyTorch runs AVX-512 (not under ATEN_CPU_CAPABILITY=avx2)
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
@@ -93,7 +94,7 @@ def load() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(compiled(compiler, FLAGS + (VNNI_FLAGS if isa == "AVX-512 VNNI" else []))))
     except (OSError, subprocess.CalledProcessError) as e:  # no cache to write, a noexec one, the compiler failed
         detail = e.stderr[-2000:] if isinstance(e, subprocess.CalledProcessError) else e
-        warnings.warn(f"mt: no C decoding step ({SOURCE.name}: {detail}); decoding stays in PyTorch", stacklevel=3)
+        warnings.warn(f"mt: no C decoding step ({SOURCES[0].name}: {detail}); decoding stays in PyTorch", stacklevel=3)
         return None
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
     lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer]
@@ -108,8 +109,10 @@ def load() -> ctypes.CDLL | None:
 
 
 def compiled(compiler: list[str], flags: list[str]) -> Path:
-    """The shared library of native_step.c in mt's cache, compiled with `flags` first if it is not there."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([*compiler, *flags]).encode()).hexdigest()[:16]
+    """The shared library of native_step.c and native_search.c in mt's cache, compiled with `flags` first if it is
+    not there."""
+    code = b"".join(source.read_bytes() for source in SOURCES)
+    key = hashlib.sha256(code + " ".join([*compiler, *flags]).encode()).hexdigest()[:16]
     folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "native"
     path = folder / f"native_step-{key}.so"
     if not path.exists():
@@ -118,7 +121,7 @@ def compiled(compiler: list[str], flags: list[str]) -> Path:
         os.close(handle)
         partial = Path(name)
         try:
-            subprocess.run([*compiler, *flags, str(SOURCE), "-o", str(partial), "-lm"], capture_output=True,
+            subprocess.run([*compiler, *flags, *map(str, SOURCES), "-o", str(partial), "-lm"], capture_output=True,
                            text=True, check=True)
             os.replace(partial, path)
         finally:

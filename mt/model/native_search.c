@@ -1,0 +1,75 @@
+/* Beam search's helpers beside the C decoding step (native_step.c), for searches over a few rows
+ * (mt/decode/few_rows.py): each row's best tokens with their log-probabilities, and the cache rows a step moves.
+ * Compiled into the same library (mt/model/native_step.py). */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Beam search's reordering of the self-attention caches in place (DecoderCache.select): in each of `n_buffers`
+ * buffers, (length, rows, row_floats) floats, row from[i] is copied to row to[i] at every filled position, every
+ * source read before any row is written. Returns 0, or -1 when out of memory. */
+int mt_move_rows(void *const *buffers, int n_buffers, int length, int rows, int row_floats, const int64_t *to,
+                 const int64_t *from, int moved) {
+    float *held = malloc(sizeof(float) * (size_t)moved * row_floats);
+    if (!held) return -1;
+    for (int b = 0; b < n_buffers; b++)
+        for (int t = 0; t < length; t++) {
+            float *at = (float *)buffers[b] + (size_t)t * rows * row_floats;
+            for (int i = 0; i < moved; i++)
+                memcpy(held + (size_t)i * row_floats, at + from[i] * row_floats, sizeof(float) * row_floats);
+            for (int i = 0; i < moved; i++)
+                memcpy(at + to[i] * row_floats, held + (size_t)i * row_floats, sizeof(float) * row_floats);
+        }
+    free(held);
+    return 0;
+}
+
+/* e^x in eight lanes, to within a few units in the last place (Cephes' expf: x = n ln 2 + r, a polynomial in r). */
+ALWAYS_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
+}
+
+/* Beam search's candidates: for each of `rows` rows of logits, (rows, vocab), its `width` most likely tokens, best
+ * first (the lower token first among equals), and their log-probabilities, log-softmax over the whole row. */
+void mt_top_logprobs(const float *logits, int rows, int vocab, int width, float *values, int64_t *tokens) {
+    for (int r = 0; r < rows; r++) {
+        const float *x = logits + (size_t)r * vocab;
+        float *best = values + (size_t)r * width;
+        int64_t *at = tokens + (size_t)r * width;
+        int found = 0;
+        for (int i = 0; i < vocab; i++) { /* kept sorted: most rows' tokens fall below the last kept at once */
+            if (found == width && !(x[i] > best[width - 1])) continue;
+            int j = found < width ? found++ : width - 1;
+            for (; j > 0 && x[i] > best[j - 1]; j--) best[j] = best[j - 1], at[j] = at[j - 1];
+            best[j] = x[i], at[j] = i;
+        }
+        for (; found < width; found++) best[found] = -INFINITY, at[found] = 0; /* a vocabulary under `width` */
+        float top = best[0];
+        __m256 lanes = _mm256_setzero_ps(), shift = _mm256_set1_ps(top);
+        int i = 0;
+        for (; i + 8 <= vocab; i += 8) lanes = _mm256_add_ps(lanes, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
+        float sums[8], total = 0.0f;
+        _mm256_storeu_ps(sums, lanes);
+        for (int k = 0; k < 8; k++) total += sums[k];
+        for (; i < vocab; i++) total += expf(x[i] - top);
+        float log_total = top + logf(total);
+        for (int k = 0; k < width; k++) best[k] -= log_total;
+    }
+}
