@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -48,6 +49,7 @@ VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 ACTIVATIONS = {"relu": 0, "gelu": 1, "swish": 2}
 PER_LAYER = 30  # parameter slots per decoder layer, in native_step.c's order
 PRECISIONS = ("fp32", "int8")
+STALE_DAYS = 30  # a library of another source or flags built this long ago goes when a new one is built
 
 
 def enabled() -> bool:
@@ -126,7 +128,20 @@ def compiled(compiler: list[str], flags: list[str]) -> Path:
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
+        remove_stale(folder, path)
     return path
+
+
+def remove_stale(folder: Path, kept: Path) -> None:
+    """Removes the libraries in `folder` other than `kept` built over STALE_DAYS ago: every revision of the sources
+    leaves one behind (tens of KB), and one still wanted is built again in a second."""
+    cutoff = time.time() - STALE_DAYS * 86400
+    for old in folder.glob("native_step-*.so"):
+        try:
+            if old != kept and old.stat().st_mtime < cutoff:
+                old.unlink()
+        except OSError:  # gone already, or not this user's to remove
+            pass
 
 
 def install(model: nn.Module, precision: str) -> None:

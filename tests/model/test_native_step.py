@@ -2,6 +2,8 @@
 same logits and cache, step by step through real searches; in int8 the products of each row quantized on its own."""
 
 import copy
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -174,6 +176,25 @@ def test_threads_loading_at_once_compile_it_once(monkeypatch, tmp_path):
         assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
     finally:
         mt.model.native_step.load.cache_clear()
+
+
+def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
+    folder = tmp_path / "native"
+    folder.mkdir()
+    old, recent, other = (folder / name for name in ("native_step-old.so", "native_step-recent.so", "notes.txt"))
+    for path in (old, recent, other):
+        path.write_bytes(b"x")
+    month_ago = time.time() - 31 * 86400
+    for path in (old, other):
+        os.utime(path, (month_ago, month_ago))
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    mt.model.native_step.load.cache_clear()
+    try:
+        assert library() is not None
+    finally:
+        mt.model.native_step.load.cache_clear()
+    assert not old.exists() and recent.exists() and other.exists()
+    assert len(list(folder.glob("native_step-*.so"))) == 2  # the one just built, and the recent one
 
 
 def test_switched_off_and_named(monkeypatch):
