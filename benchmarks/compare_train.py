@@ -2,23 +2,33 @@
 
 Both train on the same fixed-shape batches (random ids, `--batch` pairs of `--src-len` + `--tgt-len` tokens,
 dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward, optimizer step. Steps alternate between
-the two systems so machine noise hits both alike; the medians are compared. Needs `pip install -e '.[bench]'`.
+the systems so machine noise hits them alike; the medians are compared. Needs `pip install -e '.[bench]'`.
 `marian` and `marian_step` are also the Marian side of benchmarks/gpu_bench.py.
+
+Each system runs as its users run it on this CPU: Hugging Face in one process with a thread per core (as its
+Trainer does); `mt` likewise ("mt"), and, with `--procs N` > 1 (by default one per core, as `make recipe` trains on
+a CPU), also as N single-thread processes that each take an equal share of the batch, their gradients averaged by
+DistributedDataParallel over gloo ("mt-per-core", through mt's own mt/train/distributed.py). `--hf-procs N` runs
+Hugging Face that way too, like for like.
 
     python benchmarks/compare_train.py --preset small --precision fp32
 
-Prints one JSON object per system and their ratio.
+Prints one JSON object per system and their ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing.connection
+import os
+import socket
 import statistics
 import time
 from contextlib import nullcontext
 
 import torch
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from mt.bench import PRESETS, VOCAB
@@ -26,7 +36,9 @@ from mt.config import Config, ModelConfig
 from mt.data.batches import Batch
 from mt.data.tokenizer import EOS, PAD
 from mt.memory import keep_freed_memory
+from mt.model.fast import for_training
 from mt.model.transformer import Transformer
+from mt.train import distributed
 from mt.train.loop import train_step
 from mt.train.optim import adam
 
@@ -47,7 +59,8 @@ def marian(preset: str):
 def marian_step(hf, optimizer: torch.optim.Optimizer, batch: Batch, amp: torch.dtype | None) -> None:
     """One training step of Hugging Face's model as its users write it: forward under autocast, label-smoothed loss
     per target token, backward, clipping to norm 1, Adam. Padded sources are masked; targets are right-padded, so
-    the causal mask alone keeps real positions from seeing padding (as in mt), and no decoder mask is passed."""
+    the causal mask alone keeps real positions from seeing padding (as in mt), and no decoder mask is passed.
+    Under DDP each process's loss is per its own tokens; DDP averages equal shares into the whole batch's."""
     device = batch.src.device
     with torch.autocast(device.type, dtype=amp) if amp else nullcontext():
         logits = hf(input_ids=batch.src, attention_mask=(batch.src != PAD).long(),
@@ -60,7 +73,98 @@ def marian_step(hf, optimizer: torch.optim.Optimizer, batch: Batch, amp: torch.d
     optimizer.zero_grad(set_to_none=True)
 
 
+def whole_batch(args: argparse.Namespace) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB, (args.batch, args.src_len), generator=g)
+    src[:, -1] = EOS
+    tgt = torch.randint(4, VOCAB, (args.batch, args.tgt_len + 1), generator=g)
+    return Batch(src, tgt[:, :-1], tgt[:, 1:], args.batch * args.tgt_len)
+
+
+def share(batch: Batch, rank: int, world: int) -> Batch:
+    """Rank `rank`'s equal share of the batch's rows."""
+    rows = slice(rank * batch.src.size(0) // world, (rank + 1) * batch.src.size(0) // world)
+    return Batch(batch.src[rows], batch.tgt_in[rows], batch.tgt_out[rows], batch.tgt_in[rows].numel())
+
+
+def trainer(system: str, args: argparse.Namespace, rank: int = 0, world: int = 1):
+    """One process's training step of `system` ("mt" or "hf") on its share of the batch, as a function of no
+    arguments; with world > 1, inside the process group, its gradients averaged by DDP."""
+    torch.manual_seed(0)
+    amp = torch.bfloat16 if args.precision == "bf16" else None
+    batch = whole_batch(args)
+    cfg = Config(model=ModelConfig(**PRESETS[args.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.1))
+    cfg.train.clip_norm = 1.0  # as the Hugging Face step
+    if system == "mt":
+        model = for_training(Transformer(cfg.model).train())  # as `mt train` builds it
+        optimizer = adam(list(model.parameters()), cfg.train)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        ddp = distributed.wrap(model, torch.device("cpu"))
+        mine = share(batch, rank, world)
+        return lambda: train_step(ddp or model, optimizer, scaler, [mine], cfg, torch.device("cpu"), amp, 1e-4,
+                                  n_tokens=batch.n_tgt_tokens, ddp=ddp)
+    hf = marian(args.preset)
+    optimizer = adam(list(hf.parameters()), cfg.train)
+    if world > 1:
+        hf = torch.nn.parallel.DistributedDataParallel(hf)
+    mine = share(batch, rank, world)
+    return lambda: marian_step(hf, optimizer, mine, amp)
+
+
+def processes(args: argparse.Namespace, system: str) -> int:
+    """How many single-thread processes train `system` in its per-core run."""
+    return args.procs if system == "mt" else args.hf_procs
+
+
+def worker(rank: int, system: str, args: argparse.Namespace, port: int,
+           conn: multiprocessing.connection.Connection) -> None:
+    """One of `args.procs` single-thread processes: joins the group as torchrun would set it up, then takes a
+    training step each time it is told to."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(processes(args, system)))
+    keep_freed_memory()
+    torch.set_num_threads(1)
+    distributed.start(torch.device("cpu"))
+    step = trainer(system, args, rank, distributed.world_size())
+    while conn.recv():
+        step()
+        conn.send(True)
+    distributed.stop()
+
+
+class PerCore:
+    """`system` trained by single-thread worker processes, one step at a time on demand."""
+
+    def __init__(self, system: str, args: argparse.Namespace):
+        with socket.socket() as s:  # a free port for the group to meet at
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for rank in range(processes(args, system)):
+            ours, theirs = ctx.Pipe()
+            self.conns.append(ours)
+            self.procs.append(ctx.Process(target=worker, args=(rank, system, args, port, theirs), daemon=True))
+            self.procs[-1].start()
+
+    def __call__(self) -> None:
+        for conn in self.conns:
+            conn.send(True)
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            while not conn.poll(1.0):  # a worker that died would leave this waiting forever
+                if not proc.is_alive():
+                    raise SystemExit(f"a training process exited with code {proc.exitcode}; its error is above")
+            conn.recv()
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(False)
+        for proc in self.procs:
+            proc.join()
+
+
 def main() -> None:
+    cores = len(os.sched_getaffinity(0))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small", choices=list(PRESETS))
     ap.add_argument("--batch", type=int, default=64)
@@ -68,49 +172,45 @@ def main() -> None:
     ap.add_argument("--tgt-len", type=int, default=24)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="of the one-process systems")
+    ap.add_argument("--procs", type=int, default=cores,
+                    help="single-thread processes of mt-per-core (default: one per core; 1: none)")
+    ap.add_argument("--hf-procs", type=int, default=1, help="the same for Hugging Face (default 1: none)")
     args = ap.parse_args()
     keep_freed_memory()  # as `mt` sets it, for both systems: they share this process
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    amp = torch.bfloat16 if args.precision == "bf16" else None
 
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, VOCAB, (args.batch, args.src_len), generator=g)
-    src[:, -1] = EOS
-    tgt = torch.randint(4, VOCAB, (args.batch, args.tgt_len + 1), generator=g)
-    batch = Batch(src, tgt[:, :-1], tgt[:, 1:], args.batch * args.tgt_len)
-
-    cfg = Config(model=ModelConfig(**PRESETS[args.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.1))
-    cfg.train.clip_norm = 1.0  # as the Hugging Face step below
-    ours = Transformer(cfg.model).train()
-    ours_opt = adam(list(ours.parameters()), cfg.train)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-
-    hf = marian(args.preset)
-    hf_opt = adam(list(hf.parameters()), cfg.train)
-
-    def step_ours() -> None:
-        train_step(ours, ours_opt, scaler, [batch], cfg, torch.device("cpu"), amp, 1e-4)
-
-    def step_hf() -> None:
-        marian_step(hf, hf_opt, batch, amp)
-
-    times = {"mt": [], "hf": []}
-    for i in range(args.steps + 2):  # two warm-up steps each
-        for name, step in (("mt", step_ours), ("hf", step_hf)):
-            start = time.perf_counter()
-            step()
-            if i >= 2:
-                times[name].append(time.perf_counter() - start)
+    systems = {"mt": trainer("mt", args), "hf": trainer("hf", args)}
+    workers = []
+    for system, procs in (("mt", args.procs), ("hf", args.hf_procs)):
+        if procs > 1:
+            workers.append(PerCore(system, args))
+            systems[f"{system}-per-core"] = workers[-1]
+    times = {name: [] for name in systems}
+    try:
+        for i in range(args.steps + 2):  # two warm-up steps each
+            for name, step in systems.items():
+                start = time.perf_counter()
+                step()
+                if i >= 2:
+                    times[name].append(time.perf_counter() - start)
+    finally:
+        for w in workers:
+            w.close()
     tokens = args.batch * args.tgt_len
-    results = {}
+    rates = {}
     for name, ts in times.items():
         median = statistics.median(ts)
-        results[name] = {"system": name, "preset": args.preset, "precision": args.precision, "batch": args.batch,
-                         "median_step_s": median, "tgt_tok_per_s": tokens / median}
-        print(json.dumps(results[name]))
-    print(json.dumps({"ratio_mt_over_hf": round(results["mt"]["tgt_tok_per_s"] / results["hf"]["tgt_tok_per_s"], 2)}))
+        rates[name] = tokens / median
+        procs = processes(args, name.split("-")[0]) if name.endswith("per-core") else 1
+        print(json.dumps({"system": name, "preset": args.preset, "precision": args.precision, "batch": args.batch,
+                          "processes": procs, "threads": 1 if procs > 1 else args.threads,
+                          "median_step_s": median, "tgt_tok_per_s": tokens / median}))
+    ratios = {f"ratio_{name.replace('-', '_')}_over_hf": round(rate / rates["hf"], 2)
+              for name, rate in rates.items() if name.startswith("mt")}
+    if "hf-per-core" in rates and "mt-per-core" in rates:
+        ratios["ratio_mt_per_core_over_hf_per_core"] = round(rates["mt-per-core"] / rates["hf-per-core"], 2)
+    print(json.dumps(ratios))
 
 
 if __name__ == "__main__":
