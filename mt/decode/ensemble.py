@@ -40,6 +40,9 @@ class EnsembleCache:
     def select(self, rows: Tensor, sentences: Tensor | None = None) -> EnsembleCache:
         return EnsembleCache([cache.select(rows, sentences) for cache in self.caches])
 
+    def widen(self, beam: int) -> EnsembleCache:
+        return EnsembleCache([cache.widen(beam) for cache in self.caches])
+
 
 class Ensemble(nn.Module):
     """The decoding interface of `mt.model.transformer.Transformer` (encode, start_cache, decode_step, and the

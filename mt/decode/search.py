@@ -118,10 +118,15 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
     memory, src_mask = model.encode(src)
     limit = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
     steps = int(limit.max())
-    beams = Beams.start(model.start_cache(memory, src_mask, steps, beam=beam), src.size(0), beam, src.device)
+    # The first step's beams are all alike: it decodes one row per sentence, then the cache widens to the beams.
+    beams = Beams.start(model.start_cache(memory, src_mask, steps), src.size(0), beam, src.device)
     finished = Finished.start(src.size(0), nbest, src.device)
     for step in range(steps):
-        logits, beams.cache = model.decode_step(beams.last, beams.cache)
+        if step == 0:
+            logits, first = model.decode_step(beams.last[::beam], beams.cache)
+            logits, beams.cache = logits.repeat_interleave(beam, dim=0), first.widen(beam)
+        else:
+            logits, beams.cache = model.decode_step(beams.last, beams.cache)
         at_limit = (limit[beams.active] <= step + 1).repeat_interleave(beam)
         logp = next_token_logprobs(logits, step < min_len, at_limit)
         top_scores, top_beam, top_tok = candidates(beams.scores, logp)

@@ -74,6 +74,20 @@ class DecoderCache:
         return DecoderCache(mem_k, mem_v, [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
                             src_mask, self.length, self.beam)
 
+    def widen(self, beam: int) -> DecoderCache:
+        """This cache of one row per sentence as `beam` identical rows per sentence, side by side: beam search
+        decodes its first step, where all of a sentence's beams are alike, one row per sentence."""
+        if self.beam != 1:
+            raise ValueError(f"only a cache of one row per sentence widens, not one of {self.beam}")
+
+        def wide(buf: Tensor) -> Tensor:
+            new = buf.new_empty((buf.size(0), buf.size(1) * beam, *buf.shape[2:]))
+            new[:self.length] = buf[:self.length].repeat_interleave(beam, dim=1)
+            return new
+
+        return DecoderCache(self.mem_k, self.mem_v, [wide(k) for k in self.self_k], [wide(v) for v in self.self_v],
+                            self.src_mask, self.length, beam, self.move_rows)
+
 
 def as_rows(buf: Tensor) -> Tensor:
     """A (L, B, H, Dh) buffer as (L * B, H * Dh) rows: indexing whole rows of a 2-D tensor is the fastest copy."""

@@ -46,13 +46,17 @@ def test_batch_equals_one_by_one():
 
 
 class PrefixCache:
-    """The fake model's decoding state: each row's prefix, reordered by `select` like a real cache."""
+    """The fake model's decoding state: each row's prefix, reordered by `select` and widened to beams by `widen`
+    like a real cache."""
 
     def __init__(self, prefix: torch.Tensor):
         self.prefix = prefix
 
     def select(self, rows, sentences=None):
         return PrefixCache(self.prefix.index_select(0, rows))
+
+    def widen(self, beam):
+        return PrefixCache(self.prefix.repeat_interleave(beam, 0))
 
 
 class FixedModel(nn.Module):

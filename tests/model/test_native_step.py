@@ -65,7 +65,7 @@ def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
     native, plain = models("fp32", **changes)
     seen = checked(native, plain, rtol=1e-5, atol=1e-5)
     src = pad(SOURCES, [], [])
-    beam_search(plain, src, beam=3, max_len_a=0.0, max_len_b=12)
+    beam_search(plain, src, beam=3, max_len_a=0.0, max_len_b=12, min_len=2)  # no sentence ends at the first step
     greedy(plain, src, max_len_a=0.0, max_len_b=12)
     greedy(plain, src[:1], max_len_a=0.0, max_len_b=12)
     assert {9, 3, 1} <= set(seen)  # beams of three sentences, greedy's three rows, a lone sentence's one

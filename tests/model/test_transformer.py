@@ -118,6 +118,30 @@ def test_cache_follows_its_rows_when_beams_are_reordered(rows):
     torch.testing.assert_close(torch.stack(steps, 1), full[:, half:], rtol=1e-5, atol=1e-5)
 
 
+def test_a_cache_of_one_row_per_sentence_widens_to_beams_that_decode_on_as_if_each_had_decoded_from_the_start():
+    model = tiny_model()
+    src, _ = random_batch(b=2)
+    _, tgt = random_batch(b=6, t=5, seed=2)
+    k, shared = 3, 2  # the first two positions alike in a sentence's beams, then each beam its own
+    rows = torch.arange(2).repeat_interleave(k)
+    tgt[:, :shared] = tgt[rows * k, :shared]
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.start_cache(memory, src_mask)
+        for i in range(shared):
+            _, cache = model.decode_step(tgt[::k, i], cache)
+        cache = cache.widen(k)
+        assert cache.beam == k and cache.self_k[0].size(1) == 2 * k
+        steps = []
+        for i in range(shared, tgt.size(1)):
+            logits, cache = model.decode_step(tgt[:, i], cache)
+            steps.append(logits)
+        full = model.decode(tgt, memory[rows], src_mask[rows])
+        torch.testing.assert_close(torch.stack(steps, 1), full[:, shared:], rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="one row per sentence"):
+            cache.widen(2)
+
+
 # The checkpoint format: every parameter's name and shape, for a one-layer model (d_model 8, d_ff 16, vocabularies
 # 10 and 12). Checkpoints written by every version of mt load only while this stays as it is.
 CHECKPOINT_FORMAT = {
