@@ -22,6 +22,7 @@ import argparse
 import json
 import multiprocessing.connection
 import os
+import signal
 import socket
 import statistics
 import time
@@ -105,8 +106,7 @@ def trainer(system: str, args: argparse.Namespace, rank: int = 0, world: int = 1
                                   n_tokens=batch.n_tgt_tokens, ddp=ddp)
     hf = marian(args.preset)
     optimizer = adam(list(hf.parameters()), cfg.train)
-    if world > 1:
-        hf = torch.nn.parallel.DistributedDataParallel(hf)
+    hf = distributed.wrap(hf, torch.device("cpu")) or hf  # DDP as mt's, when in a group
     mine = share(batch, rank, world)
     return lambda: marian_step(hf, optimizer, mine, amp)
 
@@ -132,13 +132,23 @@ def worker(rank: int, system: str, args: argparse.Namespace, port: int,
     distributed.stop()
 
 
-class PerCore:
-    """`system` trained by single-thread worker processes, one step at a time on demand."""
-
-    def __init__(self, system: str, args: argparse.Namespace):
-        with socket.socket() as s:  # a free port for the group to meet at
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports, one for each group to meet at (held open together, so none is given twice)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class PerCore:
+    """`system` trained by single-thread worker processes, one step at a time on demand. A worker that dies (at
+    start or in a step) ends the benchmark, the others with it, rather than leaving them waiting for it."""
+
+    def __init__(self, system: str, args: argparse.Namespace, port: int):
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
         for rank in range(processes(args, system)):
@@ -148,19 +158,41 @@ class PerCore:
             self.procs[-1].start()
 
     def __call__(self) -> None:
-        for conn in self.conns:
-            conn.send(True)
-        for conn, proc in zip(self.conns, self.procs, strict=True):
-            while not conn.poll(1.0):  # a worker that died would leave this waiting forever
-                if not proc.is_alive():
-                    raise SystemExit(f"a training process exited with code {proc.exitcode}; its error is above")
-            conn.recv()
+        try:
+            for conn in self.conns:
+                conn.send(True)
+        except BrokenPipeError:
+            self.failed()
+        waiting = list(self.conns)
+        while waiting:
+            ready = multiprocessing.connection.wait(waiting + [proc.sentinel for proc in self.procs])
+            if any(proc.sentinel in ready for proc in self.procs):
+                self.failed()
+            for conn in ready:
+                try:
+                    conn.recv()
+                except (EOFError, ConnectionError):  # its process is on its way out
+                    self.failed()
+                waiting.remove(conn)
+
+    def failed(self) -> None:
+        self.close()
+        ours = (0, -signal.SIGTERM)  # ended by `close`
+        codes = {rank: proc.exitcode for rank, proc in enumerate(self.procs) if proc.exitcode not in ours}
+        raise SystemExit(f"training processes failed (rank: exit code {codes}); their errors are above")
 
     def close(self) -> None:
-        for conn in self.conns:
-            conn.send(False)
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            if proc.is_alive():
+                try:
+                    conn.send(False)
+                except BrokenPipeError:
+                    pass
         for proc in self.procs:
-            proc.join()
+            proc.join(timeout=10)
+            if proc.is_alive():  # waiting in the group for one that died
+                proc.terminate()
+                proc.join()
 
 
 def main() -> None:
@@ -177,15 +209,18 @@ def main() -> None:
                     help="single-thread processes of mt-per-core (default: one per core; 1: none)")
     ap.add_argument("--hf-procs", type=int, default=1, help="the same for Hugging Face (default 1: none)")
     args = ap.parse_args()
+    for flag, procs in (("--procs", args.procs), ("--hf-procs", args.hf_procs)):
+        if procs > 1 and args.batch % procs:
+            ap.error(f"{flag} {procs} must divide --batch {args.batch}: each process takes an equal share")
     keep_freed_memory()  # as `mt` sets it, for both systems: they share this process
     torch.set_num_threads(args.threads)
 
     systems = {"mt": trainer("mt", args), "hf": trainer("hf", args)}
+    per_core = [system for system, procs in (("mt", args.procs), ("hf", args.hf_procs)) if procs > 1]
     workers = []
-    for system, procs in (("mt", args.procs), ("hf", args.hf_procs)):
-        if procs > 1:
-            workers.append(PerCore(system, args))
-            systems[f"{system}-per-core"] = workers[-1]
+    for system, port in zip(per_core, free_ports(len(per_core)), strict=True):
+        workers.append(PerCore(system, args, port))
+        systems[f"{system}-per-core"] = workers[-1]
     times = {name: [] for name in systems}
     try:
         for i in range(args.steps + 2):  # two warm-up steps each

@@ -141,7 +141,7 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
 class Beams:
     """The k live beams of each running sentence, side by side: row s*k + j of (n*k, ...) is sentence s's beam j."""
 
-    cache: DecoderCache  # the decoder's state, rows as above
+    cache: DecoderCache  # the decoder's state, rows as above (one per sentence before the first step)
     active: Tensor  # (n,) the original sentence of each running sentence
     scores: Tensor  # (n, k) total log-probability of each beam
     prefixes: Tensor  # (n*k, steps so far) the tokens each beam has emitted
