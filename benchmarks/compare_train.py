@@ -205,10 +205,13 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="of the one-process systems")
-    ap.add_argument("--procs", type=int, default=cores,
-                    help="single-thread processes of mt-per-core (default: one per core; 1: none)")
+    ap.add_argument("--procs", type=int, default=None,
+                    help="single-thread processes of mt-per-core (default: one per core, or the most up to that "
+                         "which divide --batch; 1: none)")
     ap.add_argument("--hf-procs", type=int, default=1, help="the same for Hugging Face (default 1: none)")
     args = ap.parse_args()
+    if args.procs is None:
+        args.procs = max(n for n in range(1, cores + 1) if args.batch % n == 0)
     for flag, procs in (("--procs", args.procs), ("--hf-procs", args.hf_procs)):
         if procs > 1 and args.batch % procs:
             ap.error(f"{flag} {procs} must divide --batch {args.batch}: each process takes an equal share")
