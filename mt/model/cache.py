@@ -6,7 +6,7 @@ reorders it. `Transformer.start_cache` makes one and `decode_step` returns it on
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -79,14 +79,8 @@ class DecoderCache:
         decodes its first step, where all of a sentence's beams are alike, one row per sentence."""
         if self.beam != 1:
             raise ValueError(f"only a cache of one row per sentence widens, not one of {self.beam}")
-
-        def wide(buf: Tensor) -> Tensor:
-            new = buf.new_empty((buf.size(0), buf.size(1) * beam, *buf.shape[2:]))
-            new[:self.length] = buf[:self.length].repeat_interleave(beam, dim=1)
-            return new
-
-        return DecoderCache(self.mem_k, self.mem_v, [wide(k) for k in self.self_k], [wide(v) for v in self.self_v],
-                            self.src_mask, self.length, beam, self.move_rows)
+        rows = torch.arange(self.self_k[0].size(1), device=self.src_mask.device).repeat_interleave(beam)
+        return replace(self.select(rows), beam=beam, move_rows=self.move_rows)
 
 
 def as_rows(buf: Tensor) -> Tensor:
