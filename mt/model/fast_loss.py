@@ -10,7 +10,7 @@ softmax(logits) - (1 - eps) * onehot(target) - eps / V, scaled per row: no other
 
 `output_loss` goes further on CPU, where the (N, V) logits do not fit in any cache and every pass over them
 is a trip to memory: it computes the logits, the loss and the gradient (of the hidden states and of the output
-weights) for ~2M logits (8 MB) at a time, which stay in the last-level cache, and never holds all the logits.
+weights) for up to 8M logits (32 MiB) at a time, and never holds all the logits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from torch import Tensor
 from mt.data.tokenizer import PAD
 from mt.model.fast_linear import linear, linear_grads, plain_cpu_fp32
 
-BLOCK = 2 ** 21  # logits per block of rows in `output_loss` (8 MB in float32: fits in a last-level cache)
+# Logits per block of rows in `output_loss`: just under 32 MiB in float32, the largest block glibc keeps for reuse
+# when freed (mt/memory.py); fewer, larger blocks measured faster than 8 MiB ones (docs/performance.md).
+BLOCK = 2 ** 23 - 2 ** 14
 
 
 def summed_loss(logp: Tensor, target: Tensor, smoothing: float, keep: Tensor) -> Tensor:
