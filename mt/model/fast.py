@@ -257,9 +257,10 @@ def cpu_training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                            causal: bool) -> Tensor:
     """`mt.model.transformer.attention`, step by step in matmuls where PyTorch's fused kernel is the slower one in CPU
     training (forward and backward): with attention dropout (no fused CPU kernel has it), in bf16 (its fused
-    backward is slow), and in fp32 over few keys. Everywhere else, the fused kernel."""
+    backward is slow), and in fp32 over few keys on more than one thread (on one, as each process of a per-core run
+    has, the fused kernel is the faster). Everywhere else, the fused kernel."""
     if q.device.type == "cpu" and q.requires_grad and not torch.compiler.is_compiling() and (
-            p_drop > 0.0 or q.dtype != torch.float32 or k.size(-2) <= 64):
+            p_drop > 0.0 or q.dtype != torch.float32 or (k.size(-2) <= 64 and torch.get_num_threads() > 1)):
         return matmul_attention(q, k, v, mask, p_drop, causal)
     return attention(q, k, v, mask, p_drop, causal)
 
