@@ -77,11 +77,13 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float
     return _FusedOutputLoss.apply(hidden, weight, target, smoothing, ignore_index, need_grad)
 
 
-def block_loss_and_gradient(logits: Tensor, target: Tensor, smoothing: float, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """`summed_loss` of the logits (N, V) and its gradient with respect to them, as `loss_gradient_` makes it for
-    a row scale of `keep` (1 or 0). In the fewest passes over the logits that PyTorch's kernels allow: the loss needs
-    only the target's logit, the logits' mean and the log-sum-exp, and the softmax kernel works a row at a time in
-    cache, where a log-softmax followed by its exponential takes two passes and two exponentials a logit."""
+def block_loss_and_gradient(logits: Tensor, target: Tensor, smoothing: float, keep: Tensor, need_grad: bool
+                            ) -> tuple[Tensor, Tensor | None]:
+    """`summed_loss` of the logits (N, V) and, if `need_grad`, its gradient with respect to them, as
+    `loss_gradient_` makes it for a row scale of `keep` (1 or 0). In the fewest passes over the logits that
+    PyTorch's kernels allow: the loss needs only the target's logit, the logits' mean and the log-sum-exp, and the
+    softmax kernel works a row at a time in cache, where a log-softmax followed by its exponential takes two passes
+    and two exponentials a logit."""
     t = target.clamp(min=0)
     tgt = logits.gather(1, t[:, None]).squeeze(1)
     mean = logits.mean(dim=-1) if smoothing else None
@@ -90,6 +92,8 @@ def block_loss_and_gradient(logits: Tensor, target: Tensor, smoothing: float, ke
     lse = top - g.amax(dim=-1).log()  # the largest logit's probability is 1 / sum(exp(logits - top))
     nll = lse - tgt
     loss = nll if smoothing == 0 else (1 - smoothing) * nll + smoothing * (lse - mean)
+    if not need_grad:
+        return (loss * keep).sum(), None
     if smoothing:
         g.sub_(smoothing / g.size(-1))
     g[torch.arange(g.size(0), device=g.device), t] -= 1 - smoothing
@@ -100,7 +104,7 @@ def block_loss_and_gradient(logits: Tensor, target: Tensor, smoothing: float, ke
 
 
 class _FusedOutputLoss(torch.autograd.Function):
-    """The gradients are computed in the forward pass, block by block, while each block's logits are in cache;
+    """The gradients are computed in the forward pass, block by block, so that the whole logits are never held;
     the backward only scales them by the incoming gradient (a scalar: the loss is a sum)."""
 
     @staticmethod
@@ -114,7 +118,7 @@ class _FusedOutputLoss(torch.autograd.Function):
         for start in range(0, n, rows):
             h, t = hidden[start:start + rows], target[start:start + rows]
             keep = t != ignore_index
-            loss, g = block_loss_and_gradient(linear(h, weight), t, smoothing, keep)
+            loss, g = block_loss_and_gradient(linear(h, weight), t, smoothing, keep, need_grad)
             total += loss
             if need_grad:  # for an incoming gradient of 1
                 gh, gw = linear_grads(g, h, weight)
