@@ -1,8 +1,10 @@
 """Side by side: an `mt` training step against Hugging Face `MarianMTModel` at the same architecture.
 
-Both train on the same fixed-shape batches (random ids, `--batch` pairs of `--src-len` + `--tgt-len` tokens,
-dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward, optimizer step. Steps alternate between
-the systems so machine noise hits them alike; the medians are compared. Needs `pip install -e '.[bench]'`.
+Both train on the same batches (dropout 0.1, label smoothing 0.1, the same fused Adam): forward, loss, backward,
+optimizer step. By default a fixed-shape batch of random ids (`--batch` pairs of `--src-len` + `--tgt-len` tokens);
+with `--data DIR`, a prepared corpus's real batches as `mt train` makes them (`--max-tokens`, length-grouped, padded
+per batch), the same sequence for every system. Steps alternate between the systems so machine noise hits them alike;
+the medians of each step's target tokens per second are compared. Needs `pip install -e '.[bench]'`.
 `marian` and `marian_step` are also the Marian side of benchmarks/gpu_bench.py.
 
 Each system runs as its users run it on this CPU: Hugging Face in one process with a thread per core (as its
@@ -12,6 +14,7 @@ DistributedDataParallel over gloo ("mt-per-core", through mt's own mt/train/dist
 Hugging Face that way too, like for like.
 
     python benchmarks/compare_train.py --preset small --precision fp32
+    python benchmarks/compare_train.py --preset base --data data/prepared/multi30k_de_en
 
 Prints one JSON object per system and their ratios.
 """
@@ -32,24 +35,27 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from mt.bench import PRESETS, VOCAB
+from mt.bench import PRESETS, VOCAB, train_batches
 from mt.config import Config, ModelConfig
 from mt.data.batches import Batch
 from mt.data.tokenizer import EOS, PAD
 from mt.memory import keep_freed_memory
 from mt.model.fast import for_training
 from mt.model.transformer import Transformer
+from mt.options import TrainBench
 from mt.train import distributed
 from mt.train.loop import train_step
 from mt.train.optim import adam
 
+WARMUP = 2  # untimed steps of each system before the timed ones
 
-def marian(preset: str):
+
+def marian(preset: str, vocab: int = VOCAB):
     from transformers import MarianConfig, MarianMTModel
 
     p = PRESETS[preset]
     config = MarianConfig(
-        vocab_size=VOCAB, d_model=p["d_model"], encoder_layers=p["n_enc_layers"], decoder_layers=p["n_dec_layers"],
+        vocab_size=vocab, d_model=p["d_model"], encoder_layers=p["n_enc_layers"], decoder_layers=p["n_dec_layers"],
         encoder_attention_heads=p["n_heads"], decoder_attention_heads=p["n_heads"], encoder_ffn_dim=p["d_ff"],
         decoder_ffn_dim=p["d_ff"], activation_function="relu", max_position_embeddings=256, scale_embedding=True,
         dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, eos_token_id=EOS,
@@ -74,41 +80,48 @@ def marian_step(hf, optimizer: torch.optim.Optimizer, batch: Batch, amp: torch.d
     optimizer.zero_grad(set_to_none=True)
 
 
-def whole_batch(args: argparse.Namespace) -> Batch:
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, VOCAB, (args.batch, args.src_len), generator=g)
-    src[:, -1] = EOS
-    tgt = torch.randint(4, VOCAB, (args.batch, args.tgt_len + 1), generator=g)
-    return Batch(src, tgt[:, :-1], tgt[:, 1:], args.batch * args.tgt_len)
+def workload(args: argparse.Namespace) -> tuple[list[Batch], ModelConfig]:
+    """The whole batches of the run's steps in order (one fixed-shape batch, or a prepared corpus's first real
+    ones that every process of a per-core run can take rows of), and the model's config, its vocabulary covering
+    the batches' ids."""
+    steps = WARMUP + args.steps
+    setting = TrainBench(preset=args.preset, data=args.data, batch=args.batch, src_len=args.src_len,
+                         tgt_len=args.tgt_len, max_tokens=args.max_tokens, steps=2 * steps, warmup=0)
+    cfg = Config(model=ModelConfig(**PRESETS[args.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.1))
+    batches, _ = train_batches(setting, cfg)
+    most = max(args.procs, args.hf_procs)
+    batches = [batch for batch in batches if batch.src.size(0) >= most][:steps]  # a long sentence may be alone
+    if len(batches) < steps:
+        raise SystemExit(f"--data {args.data}: fewer than {steps} batches of {most} sentences or more")
+    return batches, cfg.model
 
 
 def share(batch: Batch, rank: int, world: int) -> Batch:
     """Rank `rank`'s equal share of the batch's rows."""
     rows = slice(rank * batch.src.size(0) // world, (rank + 1) * batch.src.size(0) // world)
-    return Batch(batch.src[rows], batch.tgt_in[rows], batch.tgt_out[rows], batch.tgt_in[rows].numel())
+    return Batch(batch.src[rows], batch.tgt_in[rows], batch.tgt_out[rows], int((batch.tgt_out[rows] != PAD).sum()))
 
 
 def trainer(system: str, args: argparse.Namespace, rank: int = 0, world: int = 1):
-    """One process's training step of `system` ("mt" or "hf") on its share of the batch, as a function of no
-    arguments; with world > 1, inside the process group, its gradients averaged by DDP."""
+    """One process's training step of `system` ("mt" or "hf") on its share of step i's batch, as a function of i;
+    with world > 1, inside the process group, its gradients averaged by DDP."""
     torch.manual_seed(0)
     amp = torch.bfloat16 if args.precision == "bf16" else None
-    batch = whole_batch(args)
-    cfg = Config(model=ModelConfig(**PRESETS[args.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.1))
+    batches, model_cfg = workload(args)
+    cfg = Config(model=model_cfg)
     cfg.train.clip_norm = 1.0  # as the Hugging Face step
+    mine = [share(batch, rank, world) for batch in batches]
     if system == "mt":
         model = for_training(Transformer(cfg.model).train())  # as `mt train` builds it
         optimizer = adam(list(model.parameters()), cfg.train)
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         ddp = distributed.wrap(model, torch.device("cpu"))
-        mine = share(batch, rank, world)
-        return lambda: train_step(ddp or model, optimizer, scaler, [mine], cfg, torch.device("cpu"), amp, 1e-4,
-                                  n_tokens=batch.n_tgt_tokens, ddp=ddp)
-    hf = marian(args.preset)
+        return lambda i: train_step(ddp or model, optimizer, scaler, [mine[i]], cfg, torch.device("cpu"), amp, 1e-4,
+                                    n_tokens=batches[i].n_tgt_tokens, ddp=ddp)
+    hf = marian(args.preset, cfg.model.tgt_vocab_size)
     optimizer = adam(list(hf.parameters()), cfg.train)
     hf = distributed.wrap(hf, torch.device("cpu")) or hf  # DDP as mt's, when in a group
-    mine = share(batch, rank, world)
-    return lambda: marian_step(hf, optimizer, mine, amp)
+    return lambda i: marian_step(hf, optimizer, mine[i], amp)
 
 
 def processes(args: argparse.Namespace, system: str) -> int:
@@ -126,8 +139,8 @@ def worker(rank: int, system: str, args: argparse.Namespace, port: int,
     torch.set_num_threads(1)
     distributed.start(torch.device("cpu"))
     step = trainer(system, args, rank, distributed.world_size())
-    while conn.recv():
-        step()
+    while (i := conn.recv()) is not None:
+        step(i)
         conn.send(True)
     distributed.stop()
 
@@ -157,10 +170,10 @@ class PerCore:
             self.procs.append(ctx.Process(target=worker, args=(rank, system, args, port, theirs), daemon=True))
             self.procs[-1].start()
 
-    def __call__(self) -> None:
+    def __call__(self, i: int) -> None:
         try:
             for conn in self.conns:
-                conn.send(True)
+                conn.send(i)
         except BrokenPipeError:
             self.failed()
         waiting = list(self.conns)
@@ -185,7 +198,7 @@ class PerCore:
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
                 try:
-                    conn.send(False)
+                    conn.send(None)
                 except BrokenPipeError:
                     pass
         for proc in self.procs:
@@ -202,6 +215,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--src-len", type=int, default=24)
     ap.add_argument("--tgt-len", type=int, default=24)
+    ap.add_argument("--data", default=None, help="a prepared corpus: its real batches instead of the fixed shape")
+    ap.add_argument("--max-tokens", type=int, default=4096, help="of each real batch, as `mt train`'s")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="of the one-process systems")
@@ -210,10 +225,10 @@ def main() -> None:
                          "which divide --batch; 1: none)")
     ap.add_argument("--hf-procs", type=int, default=1, help="the same for Hugging Face (default 1: none)")
     args = ap.parse_args()
-    if args.procs is None:
-        args.procs = max(n for n in range(1, cores + 1) if args.batch % n == 0)
+    if args.procs is None:  # real batches are split as evenly as their rows allow
+        args.procs = cores if args.data else max(n for n in range(1, cores + 1) if args.batch % n == 0)
     for flag, procs in (("--procs", args.procs), ("--hf-procs", args.hf_procs)):
-        if procs > 1 and args.batch % procs:
+        if procs > 1 and args.batch % procs and not args.data:
             ap.error(f"{flag} {procs} must divide --batch {args.batch}: each process takes an equal share")
     keep_freed_memory()  # as `mt` sets it, for both systems: they share this process
     torch.set_num_threads(args.threads)
@@ -226,24 +241,25 @@ def main() -> None:
         systems[f"{system}-per-core"] = workers[-1]
     times = {name: [] for name in systems}
     try:
-        for i in range(args.steps + 2):  # two warm-up steps each
+        for i in range(WARMUP + args.steps):
             for name, step in systems.items():
                 start = time.perf_counter()
-                step()
-                if i >= 2:
+                step(i)
+                if i >= WARMUP:
                     times[name].append(time.perf_counter() - start)
     finally:
         for w in workers:
             w.close()
-    tokens = args.batch * args.tgt_len
+    tokens = [batch.n_tgt_tokens for batch in workload(args)[0][WARMUP:]]
+    batches = f"{os.path.basename(os.path.normpath(args.data))}, {args.max_tokens} tokens" if args.data else (
+        f"{args.batch} x ({args.src_len} + {args.tgt_len})")
     rates = {}
     for name, ts in times.items():
-        median = statistics.median(ts)
-        rates[name] = tokens / median
+        rates[name] = statistics.median(n / t for n, t in zip(tokens, ts, strict=True))
         procs = processes(args, name.split("-")[0]) if name.endswith("per-core") else 1
-        print(json.dumps({"system": name, "preset": args.preset, "precision": args.precision, "batch": args.batch,
+        print(json.dumps({"system": name, "preset": args.preset, "precision": args.precision, "batches": batches,
                           "processes": procs, "threads": 1 if procs > 1 else args.threads,
-                          "median_step_s": median, "tgt_tok_per_s": tokens / median}))
+                          "median_step_s": statistics.median(ts), "tgt_tok_per_s": rates[name]}))
     ratios = {f"ratio_{name.replace('-', '_')}_over_hf": round(rate / rates["hf"], 2)
               for name, rate in rates.items() if name.startswith("mt")}
     if "hf-per-core" in rates and "mt-per-core" in rates:
