@@ -37,7 +37,8 @@ import torch.nn.functional as F
 
 from mt.bench import PRESETS, VOCAB, train_batches
 from mt.config import Config, ModelConfig
-from mt.data.batches import Batch
+from mt.data.batches import Batch, collate, epoch_batches
+from mt.data.ids import Split
 from mt.data.tokenizer import EOS, PAD
 from mt.memory import keep_freed_memory
 from mt.model.fast import for_training
@@ -81,19 +82,24 @@ def marian_step(hf, optimizer: torch.optim.Optimizer, batch: Batch, amp: torch.d
 
 
 def workload(args: argparse.Namespace) -> tuple[list[Batch], ModelConfig]:
-    """The whole batches of the run's steps in order (one fixed-shape batch, or a prepared corpus's first real
-    ones that every process of a per-core run can take rows of), and the model's config, its vocabulary covering
-    the batches' ids."""
+    """The whole batches of the run's steps in order (one fixed-shape batch, or the first real ones of a prepared
+    corpus's epoch that every process of a per-core run can take rows of: a long sentence may be alone in its
+    batch), and the model's config, its vocabulary covering the batches' ids."""
     steps = WARMUP + args.steps
-    setting = TrainBench(preset=args.preset, data=args.data, batch=args.batch, src_len=args.src_len,
-                         tgt_len=args.tgt_len, max_tokens=args.max_tokens, steps=2 * steps, warmup=0)
     cfg = Config(model=ModelConfig(**PRESETS[args.preset], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.1))
-    batches, _ = train_batches(setting, cfg)
+    if not args.data:
+        setting = TrainBench(preset=args.preset, batch=args.batch, src_len=args.src_len, tgt_len=args.tgt_len,
+                             steps=steps, warmup=0)
+        return train_batches(setting, cfg)[0], cfg.model
+    split = Split(args.data, "train")
     most = max(args.procs, args.hf_procs)
-    batches = [batch for batch in batches if batch.src.size(0) >= most][:steps]  # a long sentence may be alone
-    if len(batches) < steps:
+    order = [idx for idx in epoch_batches(split, args.max_tokens, cfg.model.max_len, seed=0, epoch=0)
+             if len(idx) >= most][:steps]
+    if len(order) < steps:
         raise SystemExit(f"--data {args.data}: fewer than {steps} batches of {most} sentences or more")
-    return batches, cfg.model
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
+                                                              int(split.tgt_ids.max()) + 1)
+    return [collate(split, idx, cfg.model.max_len) for idx in order], cfg.model
 
 
 def share(batch: Batch, rank: int, world: int) -> Batch:
