@@ -77,53 +77,54 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float
     return _FusedOutputLoss.apply(hidden, weight, target, smoothing, ignore_index, need_grad)
 
 
-def block_loss_and_gradient(logits: Tensor, target: Tensor, smoothing: float, keep: Tensor, need_grad: bool
+def block_loss_and_gradient(logits: Tensor, target: Tensor, smoothing: float, need_grad: bool
                             ) -> tuple[Tensor, Tensor | None]:
-    """`summed_loss` of the logits (N, V) and, if `need_grad`, its gradient with respect to them, as
-    `loss_gradient_` makes it for a row scale of `keep` (1 or 0). In the fewest passes over the logits that
-    PyTorch's kernels allow: the loss needs only the target's logit, the logits' mean and the log-sum-exp, and the
-    softmax kernel works a row at a time in cache, where a log-softmax followed by its exponential takes two passes
-    and two exponentials a logit."""
-    t = target.clamp(min=0)
-    tgt = logits.gather(1, t[:, None]).squeeze(1)
+    """The summed loss of the logits (N, V) of rows none of which is padding and, if `need_grad`, its gradient with
+    respect to them, as `loss_gradient_` makes it. In the fewest passes over the logits that PyTorch's kernels
+    allow: the loss needs only the target's logit, the logits' mean and the log-sum-exp, and the softmax kernel works
+    a row at a time in cache, where a log-softmax followed by its exponential takes two passes and two exponentials a
+    logit."""
+    tgt = logits.gather(1, target[:, None]).squeeze(1)
     mean = logits.mean(dim=-1) if smoothing else None
     top = logits.amax(dim=-1)
     g = torch.softmax(logits, dim=-1)
     lse = top - g.amax(dim=-1).log()  # the largest logit's probability is 1 / sum(exp(logits - top))
     nll = lse - tgt
-    loss = nll if smoothing == 0 else (1 - smoothing) * nll + smoothing * (lse - mean)
+    loss = (nll if smoothing == 0 else (1 - smoothing) * nll + smoothing * (lse - mean)).sum()
     if not need_grad:
-        return (loss * keep).sum(), None
+        return loss, None
     if smoothing:
         g.sub_(smoothing / g.size(-1))
-    g[torch.arange(g.size(0), device=g.device), t] -= 1 - smoothing
-    dropped = (~keep).nonzero().squeeze(1)  # padding: few rows, if any
-    if dropped.numel():
-        g.index_fill_(0, dropped, 0.0)
-    return (loss * keep).sum(), g
+    g[torch.arange(g.size(0), device=g.device), target] -= 1 - smoothing
+    return loss, g
 
 
 class _FusedOutputLoss(torch.autograd.Function):
     """The gradients are computed in the forward pass, block by block, so that the whole logits are never held;
-    the backward only scales them by the incoming gradient (a scalar: the loss is a sum)."""
+    the backward only scales them by the incoming gradient (a scalar: the loss is a sum). Rows whose target is
+    padding add nothing to the loss and get no gradient: they are left out before the output layer, whose products
+    then skip them (a real batch's targets are several percent padding)."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float, ignore_index: int,
                 need_grad: bool) -> Tensor:
-        n = hidden.size(0)
+        kept = (target != ignore_index).nonzero().squeeze(1)
+        every = kept.numel() == target.numel()
+        states = hidden if every else hidden.index_select(0, kept)
+        targets = target if every else target.index_select(0, kept)
         rows = max(1, BLOCK // weight.size(0))
         total = hidden.new_zeros(())
-        grad_h = torch.empty_like(hidden) if need_grad else None
+        grad_s = torch.empty_like(states) if need_grad else None
         grad_w = torch.zeros_like(weight) if need_grad else None
-        for start in range(0, n, rows):
-            h, t = hidden[start:start + rows], target[start:start + rows]
-            keep = t != ignore_index
-            loss, g = block_loss_and_gradient(linear(h, weight), t, smoothing, keep, need_grad)
+        for start in range(0, states.size(0), rows):
+            h, t = states[start:start + rows], targets[start:start + rows]
+            loss, g = block_loss_and_gradient(linear(h, weight), t, smoothing, need_grad)
             total += loss
             if need_grad:  # for an incoming gradient of 1
                 gh, gw = linear_grads(g, h, weight)
-                grad_h[start:start + rows] = gh
+                grad_s[start:start + rows] = gh
                 grad_w += gw
+        grad_h = grad_s if every or not need_grad else hidden.new_zeros(hidden.shape).index_copy_(0, kept, grad_s)
         ctx.save_for_backward(grad_h, grad_w)
         return total
 

@@ -64,3 +64,9 @@ def test_output_loss_in_bf16_autocast_computes_the_models_loss():
         plain = loss_and_grads(mt.model.transformer.output_loss, hidden, weight, target, 0.1)
     for ours, theirs in zip(fast, plain, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=1e-2)  # bf16: 8 significant bits
+
+
+def test_fused_output_loss_of_padding_only_is_zero_with_zero_gradients():
+    hidden, weight, target = hidden_weight_target()
+    loss, grad_h, grad_w = loss_and_grads(output_loss, hidden, weight, torch.full_like(target, PAD), 0.1)
+    assert loss == 0 and not grad_h.any() and not grad_w.any()
