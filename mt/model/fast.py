@@ -14,6 +14,7 @@ Training (`for_training`):
 - `cpu_training_attention`: attention in plain matmuls where PyTorch's fused CPU kernel is the slower one.
 - `mt.model.fast_loss.output_loss`: the output layer and the loss fused, a block of rows at a time, never all the
   logits.
+- `mt.model.fast_packed.packed_loss`: the layers on a batch's real tokens only, padded out around attention.
 Decoding (`for_inference`):
 - `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches;
   dropout modules, which do nothing in eval mode, dropped.
@@ -42,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 import mt.model.fast_loss
+import mt.model.fast_packed
 import mt.model.native_step
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
@@ -79,6 +81,7 @@ def for_training(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if isinstance(module, Transformer):
             module.output_loss = mt.model.fast_loss.output_loss
+            module.teacher_forced_loss = mt.model.fast_packed.packed_loss
     return model
 
 
@@ -134,6 +137,8 @@ def fast_paths(model: nn.Module) -> list[str]:
         found.append("attention in decoding steps: matmuls")
     if any(getattr(m, "output_loss", None) is mt.model.fast_loss.output_loss for m in model.modules()):
         found.append("loss: fused with the output layer")
+    if any(getattr(m, "teacher_forced_loss", None) is mt.model.fast_packed.packed_loss for m in model.modules()):
+        found.append("padding: skipped outside attention")
     step = next((m.step_layers for m in model.modules()
                  if isinstance(getattr(m, "step_layers", None), FewRowsCompiled)), None)
     if step is not None:

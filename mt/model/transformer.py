@@ -39,6 +39,14 @@ def output_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float
     return F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=smoothing, reduction="sum")
 
 
+def teacher_forced_loss(model: Transformer, src: Tensor, tgt: Tensor, target: Tensor, smoothing: float) -> Tensor:
+    """`output_loss` of the decoder's last hidden states for the target prefix `tgt` (B, T) and the next tokens
+    `target` (B, T), the source `src` (B, S) encoded: what a training step minimises."""
+    memory, src_mask = model.encode(src)
+    h = model.decoder_states(tgt, memory, src_mask).flatten(0, 1)  # (B * T, D)
+    return model.output_loss(h, model.output.weight, target.reshape(-1), smoothing, bias=model.output.bias)
+
+
 def sinusoids(length: int, d_model: int) -> Tensor:
     """The paper's fixed positional encodings, (length, D)."""
     position = torch.arange(length, dtype=torch.float32)[:, None]
@@ -200,7 +208,8 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
-        self.output_loss = output_loss  # attributes, so that mt.model.fast can swap in faster kernels
+        # attributes, so that mt.model.fast can swap in faster kernels
+        self.output_loss, self.teacher_forced_loss = output_loss, teacher_forced_loss
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -247,11 +256,9 @@ class Transformer(nn.Module):
         """The logits (B, T, V) of teacher-forced decoding; given `target` (B, T), the label-smoothed
         cross-entropy summed over its non-padding tokens instead (`output_loss`). Training calls this, so that DDP
         and torch.compile wrappers see the whole step."""
-        memory, src_mask = self.encode(src)
         if target is None:
-            return self.decode(tgt, memory, src_mask)
-        h = self.decoder_states(tgt, memory, src_mask).flatten(0, 1)  # (B * T, D)
-        return self.output_loss(h, self.output.weight, target.reshape(-1), smoothing, bias=self.output.bias)
+            return self.decode(tgt, *self.encode(src))
+        return self.teacher_forced_loss(self, src, tgt, target, smoothing)
 
     def start_cache(self, memory: Tensor, src_mask: Tensor, max_steps: int | None = None,
                     beam: int = 1) -> DecoderCache:
