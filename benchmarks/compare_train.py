@@ -35,7 +35,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from mt.bench import PRESETS, VOCAB, train_batches
+from mt.bench import PRESETS, VOCAB, covering_vocab, train_batches
 from mt.config import Config, ModelConfig
 from mt.data.batches import Batch, collate, epoch_batches
 from mt.data.ids import Split
@@ -97,8 +97,7 @@ def workload(args: argparse.Namespace) -> tuple[list[Batch], ModelConfig]:
              if len(idx) >= most][:steps]
     if len(order) < steps:
         raise SystemExit(f"--data {args.data}: fewer than {steps} batches of {most} sentences or more")
-    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
-                                                              int(split.tgt_ids.max()) + 1)
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = covering_vocab(split)
     return [collate(split, idx, cfg.model.max_len) for idx in order], cfg.model
 
 
@@ -108,12 +107,12 @@ def share(batch: Batch, rank: int, world: int) -> Batch:
     return Batch(batch.src[rows], batch.tgt_in[rows], batch.tgt_out[rows], int((batch.tgt_out[rows] != PAD).sum()))
 
 
-def trainer(system: str, args: argparse.Namespace, rank: int = 0, world: int = 1):
-    """One process's training step of `system` ("mt" or "hf") on its share of step i's batch, as a function of i;
-    with world > 1, inside the process group, its gradients averaged by DDP."""
+def trainer(system: str, args: argparse.Namespace, batches: list[Batch], model_cfg: ModelConfig, rank: int = 0,
+            world: int = 1):
+    """One process's training step of `system` ("mt" or "hf") on its share of step i's batch of `batches` (the
+    `workload`), as a function of i; with world > 1, inside the process group, its gradients averaged by DDP."""
     torch.manual_seed(0)
     amp = torch.bfloat16 if args.precision == "bf16" else None
-    batches, model_cfg = workload(args)
     cfg = Config(model=model_cfg)
     cfg.train.clip_norm = 1.0  # as the Hugging Face step
     mine = [share(batch, rank, world) for batch in batches]
@@ -144,7 +143,7 @@ def worker(rank: int, system: str, args: argparse.Namespace, port: int,
     keep_freed_memory()
     torch.set_num_threads(1)
     distributed.start(torch.device("cpu"))
-    step = trainer(system, args, rank, distributed.world_size())
+    step = trainer(system, args, *workload(args), rank, distributed.world_size())
     while (i := conn.recv()) is not None:
         step(i)
         conn.send(True)
@@ -239,7 +238,8 @@ def main() -> None:
     keep_freed_memory()  # as `mt` sets it, for both systems: they share this process
     torch.set_num_threads(args.threads)
 
-    systems = {"mt": trainer("mt", args), "hf": trainer("hf", args)}
+    batches, model_cfg = workload(args)
+    systems = {system: trainer(system, args, batches, model_cfg) for system in ("mt", "hf")}
     per_core = [system for system, procs in (("mt", args.procs), ("hf", args.hf_procs)) if procs > 1]
     workers = []
     for system, port in zip(per_core, free_ports(len(per_core)), strict=True):
@@ -256,14 +256,14 @@ def main() -> None:
     finally:
         for w in workers:
             w.close()
-    tokens = [batch.n_tgt_tokens for batch in workload(args)[0][WARMUP:]]
-    batches = f"{os.path.basename(os.path.normpath(args.data))}, {args.max_tokens} tokens" if args.data else (
+    tokens = [batch.n_tgt_tokens for batch in batches[WARMUP:]]
+    made_of = f"{os.path.basename(os.path.normpath(args.data))}, {args.max_tokens} tokens" if args.data else (
         f"{args.batch} x ({args.src_len} + {args.tgt_len})")
     rates = {}
     for name, ts in times.items():
         rates[name] = statistics.median(n / t for n, t in zip(tokens, ts, strict=True))
         procs = processes(args, name.split("-")[0]) if name.endswith("per-core") else 1
-        print(json.dumps({"system": name, "preset": args.preset, "precision": args.precision, "batches": batches,
+        print(json.dumps({"system": name, "preset": args.preset, "precision": args.precision, "batches": made_of,
                           "processes": procs, "threads": 1 if procs > 1 else args.threads,
                           "median_step_s": statistics.median(ts), "tgt_tok_per_s": rates[name]}))
     ratios = {f"ratio_{name.replace('-', '_')}_over_hf": round(rate / rates["hf"], 2)

@@ -305,6 +305,11 @@ def bench_train(setting: TrainBench) -> dict:
     }
 
 
+def covering_vocab(split: Split) -> int:
+    """The presets' vocabulary size, or more where a prepared corpus's ids go past it."""
+    return max(VOCAB, int(split.src_ids.max()) + 1, int(split.tgt_ids.max()) + 1)
+
+
 def train_batches(setting: TrainBench, cfg: Config, multiple: int = 1) -> tuple[list[Batch], float]:
     """The setting's batches on the host (a prepared corpus's real ones, their lengths rounded up to a multiple of
     `multiple` as `mt train` rounds them on this device, or one fixed-shape batch repeated), and the seconds
@@ -320,8 +325,7 @@ def train_batches(setting: TrainBench, cfg: Config, multiple: int = 1) -> tuple[
         raise MtError(f"--data {setting.data}: no prepared training split there (train.src.ids.npy); run `mt "
                       "prepare` first")
     split = Split(setting.data, "train")
-    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = max(VOCAB, int(split.src_ids.max()) + 1,
-                                                              int(split.tgt_ids.max()) + 1)
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = covering_vocab(split)
     order = epoch_batches(split, setting.max_tokens, cfg.model.max_len, seed=0, epoch=0)[:total]
     load_start = time.perf_counter()
     batches = [collate(split, idx, cfg.model.max_len, multiple) for idx in order]
