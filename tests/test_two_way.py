@@ -50,15 +50,15 @@ def run(data, corpus):
     """A tiny de↔en model trained on the synthetic corpus both ways, until it translates it both ways."""
     cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2, d_ff=64,
                                                    dropout=0.0, max_len=64))
-    cfg.train.max_tokens, cfg.train.warmup, cfg.train.lr = 256, 20, 3e-3
+    cfg.train.max_tokens, cfg.train.warmup, cfg.train.lr = 256, 20, 5e-3
     cfg.train.valid_bleu, cfg.train.threads, cfg.train.valid_every, cfg.train.two_way = False, 1, 500, True
     german, english = read_text(corpus / "valid.de"), read_text(corpus / "valid.en")
 
     def both_ways(run) -> bool:  # what the tests ask of it: the BLEU, and not a word of the source language
         return all(translates(translated(run / "last.pt", lines, to), refs, wrong)
                    for lines, to, refs, wrong in ((german, None, english, GERMAN), (english, "de", german, ENGLISH)))
-    train_until(cfg, data.parent / "run", 500, both_ways, f"translate both ways past {BLEU} BLEU, into the language "
-                "asked for", rounds=6)
+    train_until(cfg, data.parent / "run", 250, both_ways, f"translate both ways past {BLEU} BLEU, into the language "
+                "asked for", rounds=12)
     return data.parent / "run"
 
 
