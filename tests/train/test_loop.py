@@ -31,7 +31,10 @@ from ..conftest import prepare_corpus
 ROOT = Path(__file__).resolve().parents[2]  # subprocesses run `python -m mt` from the source tree
 
 
+@pytest.mark.numerics  # how fast it learns hangs on the CPU: make test runs this again as an AVX2-only CPU would
 def test_tiny_model_learns_to_copy():
+    """It copies 90% of unseen sequences exactly within 1,200 steps, checked every 100 from step 400: a bound,
+    not the step where one CPU's numbers happen to get there."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     vocab = 20
@@ -41,23 +44,28 @@ def test_tiny_model_learns_to_copy():
     model = Transformer(cfg.model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-
-    def sample(n):
-        return [rng.integers(4, vocab, size=rng.integers(3, 10)).tolist() for _ in range(n)]
-
-    for step in range(400):
-        batch = copy_task_batch(rng, vocab, 64)
+    unseen = np.random.default_rng(1)
+    test = [unseen.integers(4, vocab, size=unseen.integers(3, 10)).tolist() for _ in range(50)]
+    exact = 0.0
+    for step in range(1, 1201):
         model.train()
-        train_step(model, optimizer, scaler, [batch], cfg, torch.device("cpu"), None,
-                   learning_rate(step + 1, 2e-3, 50))
+        train_step(model, optimizer, scaler, [copy_task_batch(rng, vocab, 64)], cfg, torch.device("cpu"), None,
+                   learning_rate(step, 2e-3, 50))
+        if step >= 400 and step % 100 == 0:
+            exact = copied_exactly(model, test)
+            if exact >= 0.9:
+                break
+    assert exact >= 0.9, f"copied {exact:.0%} of sequences exactly after {step} steps"
+
+
+def copied_exactly(model: Transformer, test: list[list[int]]) -> float:
+    """The share of `test` the model copies exactly, greedy."""
     model.eval()
-    test = sample(50)
     hyps = []
     for idx in batch_by_tokens([len(s) + 1 for s in test], 200):
         out = greedy(model, pad([test[i] for i in idx], [], [EOS]), max_len_a=1.0, max_len_b=3)
         hyps += [(test[i], h.tokens) for i, h in zip(idx, out, strict=True)]
-    exact = sum(src == hyp for src, hyp in hyps) / len(hyps)
-    assert exact >= 0.9, f"copied {exact:.0%} of sequences exactly"
+    return sum(src == hyp for src, hyp in hyps) / len(hyps)
 
 
 def copy_task_batch(rng, vocab: int, n: int) -> Batch:
