@@ -51,6 +51,17 @@ def dry_run(target: str, *variables: str) -> list[str]:
 
 
 @needs_make
+def test_test_any_cpu_runs_the_whole_suite_as_each_other_kind_of_cpu_computes_it():
+    suite = ".venv/bin/python -m pytest -q -n auto --dist loadfile"
+    avx2 = "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2"
+    others = [f"{avx2} {suite}", f"{avx2} MT_CPU_MATMUL=mkl {suite}"]
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "avx512f" in cpuinfo.read_text().split():  # where AVX-512 is there to be capped
+        others.append(f"ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI CT2_FORCE_CPU_ISA=AVX512 MT_CPU_MATMUL=mkl {suite}")
+    assert [c for c in dry_run("test-any-cpu") if "pytest" in c] == others
+
+
+@needs_make
 def test_gpu_check_runs_the_python_it_is_given_with_the_repo_on_its_path_and_installs_nothing():
     commands = dry_run("gpu-check", "PYTHON=/opt/torch/bin/python3", "GPU_CHECK=--quick")
     assert commands == [f"PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} /opt/torch/bin/python3 "
