@@ -96,13 +96,16 @@ class Interval:
 @dataclass
 class Pace:
     """Says once, at the second log line (the first carries the start-up), how many steps a minute this machine
-    trains and what the run's budget buys at that pace: a slower machine learns it before it spends the hour."""
+    trains and what the run's budget buys at that pace: a slower machine learns it before it spends the hour. After
+    the first validation it says the budget again, at the pace so far and with the validations' cost counted."""
 
     max_minutes: float
     max_steps: int
     epoch_tokens: int  # target tokens in one epoch of the training data
     first: tuple[int, float] | None = None  # (step, elapsed seconds) at the first log line
     said: bool = False
+    tokens_per_step: float = 0.0
+    revised: bool = False
 
     def seen(self, step: int, elapsed: float, tok_per_s: float) -> str | None:
         """The note to print at this log line, if it is the one; else None."""
@@ -113,14 +116,27 @@ class Pace:
         steps, seconds = step - self.first[0], elapsed - self.first[1]
         if steps <= 0 or seconds <= 0:
             return None
-        per_minute, tokens_per_step = 60 * steps / seconds, tok_per_s * seconds / steps
+        per_minute, self.tokens_per_step = 60 * steps / seconds, tok_per_s * seconds / steps
         head = f"this machine trains {per_minute:,.0f} steps a minute ({tok_per_s:,.0f} target tokens/s)"
         if self.max_minutes:
-            total = min(self.max_steps, step + per_minute * max(self.max_minutes - elapsed / 60, 0))
-            epochs = total * tokens_per_step / max(self.epoch_tokens, 1)
-            return f"{head}: train.max_minutes={self.max_minutes:g} buys about {total:,.0f} steps, {epochs:.1f} epochs"
+            return f"{head}: {self.buys(step, elapsed, seconds / steps)}"
         minutes = elapsed / 60 + (self.max_steps - step) / per_minute
         return f"{head}: train.max_steps={self.max_steps:,} takes about {minutes:,.0f} minutes here"
+
+    def validated(self, step: int, elapsed: float, seconds: float, every: int) -> str | None:
+        """The note to print after a validation of `seconds` (one every `every` steps) ending at `elapsed`, if it
+        is the first since the pace was said and the run has a time budget; else None."""
+        if self.revised or not self.said or not self.max_minutes or step <= self.first[0]:
+            return None
+        self.revised = True
+        per_step = (elapsed - seconds - self.first[1]) / (step - self.first[0]) + seconds / every
+        return f"with a validation of {seconds:.1f} s every {every:,} steps, {self.buys(step, elapsed, per_step)}"
+
+    def buys(self, step: int, elapsed: float, per_step: float) -> str:
+        """What the rest of the time budget buys at `per_step` seconds a step."""
+        total = min(self.max_steps, step + max(self.max_minutes * 60 - elapsed, 0) / max(per_step, 1e-9))
+        epochs = total * self.tokens_per_step / max(self.epoch_tokens, 1)
+        return f"train.max_minutes={self.max_minutes:g} buys about {total:,.0f} steps, {epochs:.1f} epochs"
 
 
 def read_log(path: Path, warn: TextIO = sys.stderr) -> list[dict]:

@@ -232,6 +232,9 @@ def loop(run: Run, state: TrainState) -> dict:
                     run.log.say(f"note: {note}")
             if applied and pos.step % train_cfg.valid_every == 0:
                 validate_and_save(run, state)
+                if "valid_seconds" in state.metrics and (note := pace.validated(
+                        pos.step, state.elapsed(), state.metrics["valid_seconds"], train_cfg.valid_every)):
+                    run.log.say(f"note: {note}")
                 state.wrapped.train()
                 if train_cfg.patience and not stop:
                     stop = stop_early(run, state)
