@@ -231,13 +231,7 @@ def loop(run: Run, state: TrainState) -> dict:
                 if note := pace.seen(pos.step, state.elapsed(), report["tgt_tok_per_s"]):
                     run.log.say(f"note: {note}")
             if applied and pos.step % train_cfg.valid_every == 0:
-                validate_and_save(run, state)
-                if "valid_seconds" in state.metrics and (note := pace.validated(
-                        pos.step, state.elapsed(), state.metrics["valid_seconds"], train_cfg.valid_every)):
-                    run.log.say(f"note: {note}")
-                state.wrapped.train()
-                if train_cfg.patience and not stop:
-                    stop = stop_early(run, state)
+                stop = validate_midway(run, state, pace, stop)
             if stop == Stop.SIGNAL:
                 stop_interrupted(run, state, signals.received)
         if state.validated != pos.step:
@@ -247,6 +241,17 @@ def loop(run: Run, state: TrainState) -> dict:
         bar.close()
         signals.restore()
     return state.metrics
+
+
+def validate_midway(run: Run, state: TrainState, pace: Pace, stop: Stop) -> Stop:
+    """A validation every train.valid_every steps: validate and save, say the budget again after the first, back to
+    training; the run stops early once its patience runs out."""
+    validate_and_save(run, state)
+    if "valid_seconds" in state.metrics and (note := pace.validated(
+            state.position.step, state.elapsed(), state.metrics["valid_seconds"], run.cfg.train.valid_every)):
+        run.log.say(f"note: {note}")
+    state.wrapped.train()
+    return stop_early(run, state) if run.cfg.train.patience and not stop else stop
 
 
 def validate_and_save(run: Run, state: TrainState) -> None:
