@@ -47,7 +47,15 @@ import mt.model.fast_packed
 import mt.model.native_step
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
-from mt.model.fast_linear import Linear, onednn_linear, onednn_min_rows, onednn_pays, prefers_onednn, use_onednn
+from mt.model.fast_linear import (
+    Linear,
+    onednn_min_rows,
+    onednn_mm,
+    onednn_pays,
+    pack_for_onednn,
+    prefers_onednn,
+    use_onednn,
+)
 from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -276,19 +284,31 @@ class FrozenLinear(nn.Module):
     F.linear multiplies by the transpose of an (out, in) weight; on CPU, MKL runs the small matrices of
     step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is the faster
     kernel (see mt/model/fast_linear.py) and the product is large enough for it to pay, fp32 goes through it
-    instead, as fast with this layout.
+    instead, against a copy of the weight packed once in oneDNN's own layout.
     """
 
     def __init__(self, layer: nn.Linear):
         super().__init__()
         self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
+        self._packed: tuple[tuple[int, int], Tensor] | None = None  # (weight_t's address and version, packed)
 
     def forward(self, x: Tensor) -> Tensor:
         weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
         flat = x.reshape(-1, x.size(-1))
         # prefers_onednn first: it is False while torch.compile traces, which cannot trace onednn_pays
         if prefers_onednn(x, weight_t) and onednn_pays(flat.size(0), weight_t):
-            return onednn_linear(x, weight_t.t(), bias)  # a frozen layer has no gradient: no autograd
+            return onednn_mm(flat, self.packed(weight_t), bias).view(*x.shape[:-1], weight_t.size(1))
         y = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
         return y.view(*x.shape[:-1], y.size(-1))
+
+    def packed(self, weight_t: Tensor) -> Tensor:
+        """The weight in oneDNN's layout, packed at first use and again if `weight_t` is replaced or written to."""
+        key = (weight_t.data_ptr(), weight_t._version)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, pack_for_onednn(weight_t.t()))
+        return self._packed[1]
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight out (oneDNN's layout has no storage to copy): packed again."""
+        return {**self.__dict__, "_packed": None}

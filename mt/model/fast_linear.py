@@ -31,9 +31,20 @@ def onednn_mm(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+# The rows oneDNN lays a packed weight out for: any other count multiplies by it as fast (docs/performance.md).
+PACKED_FOR_ROWS = 256
+
+
+def pack_for_onednn(weight: Tensor) -> Tensor:
+    """weight (out, in) reordered once into oneDNN's own layout: given a plain weight, oneDNN reorders it at every
+    call, which is most of its cost for decoding's products of a few dozen rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACKED_FOR_ROWS)
+
+
 def onednn_available() -> bool:
     """Whether this PyTorch build has the oneDNN linear kernel."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 @functools.cache
@@ -89,16 +100,22 @@ def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
-# The smallest product, in rows and in multiply-adds (rows x in x out), for which oneDNN beats MKL in decoding, by
-# the CPU's vector width, as measured (docs/performance.md).
-ONEDNN_MIN_PRODUCT = {"AVX512": (4, 1_000_000), "AVX2": (8, 8_000_000)}
+# The smallest product, in rows and in multiply-adds (rows x in x out), for which oneDNN against a packed weight beats
+# MKL in decoding, by the CPU's vector width: and four times the multiply-adds for a weight small enough to stay in a
+# core's L2 cache (256 KiB), which MKL multiplies at full speed (docs/performance.md).
+ONEDNN_MIN_PRODUCT = {"AVX512": (2, 1_000_000), "AVX2": (2, 1_000_000)}
+L2_RESIDENT = 65_536  # fp32 weights of at most this many elements
+
+
+def min_macs(rule: tuple[int, int], weight_size: int) -> int:
+    return rule[1] * 4 if weight_size <= L2_RESIDENT else rule[1]
 
 
 def onednn_pays(rows: int, weight: Tensor) -> bool:
     """Whether oneDNN is the faster kernel for `rows` inputs against `weight`: not for the few rows of a decoding
     step, where its fixed cost per call outweighs the work."""
-    min_rows, min_macs = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (0, 0))
-    return rows >= min_rows and rows * weight.numel() >= min_macs
+    rule = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (0, 0))
+    return rows >= rule[0] and rows * weight.numel() >= min_macs(rule, weight.numel())
 
 
 def onednn_min_rows(weight_size: int) -> int | None:
@@ -107,8 +124,7 @@ def onednn_min_rows(weight_size: int) -> int | None:
     rule = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability())
     if rule is None or not use_onednn():
         return None
-    min_rows, min_macs = rule
-    return max(min_rows, -(-min_macs // weight_size))
+    return max(rule[0], -(-min_macs(rule, weight_size) // weight_size))
 
 
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:

@@ -1,3 +1,4 @@
+import copy
 import functools
 
 import pytest
@@ -14,6 +15,7 @@ from mt.model.fast_linear import (
     OneDnnLinear,
     onednn_available,
     onednn_min_rows,
+    onednn_mm,
     onednn_pays,
     use_onednn,
 )
@@ -114,20 +116,39 @@ def test_a_wrong_kernel_override_is_refused_with_the_choices(monkeypatch):
 @onednn
 @pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
 def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capability):
-    """oneDNN's fixed cost per call outweighs its faster kernel on a lone sentence's step: those products go to MKL,
-    a batch's to oneDNN, and both compute the layer."""
+    """oneDNN's fixed cost per call outweighs its faster kernel on a lone sentence's step, and on a weight small
+    enough for MKL to multiply from the L2 cache: those products go to MKL, a batch's to oneDNN, and both compute
+    the layer."""
     force_cpu_matmul(monkeypatch, "onednn")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     calls = []
-    monkeypatch.setattr(mt.model.fast, "onednn_linear", lambda *args: calls.append(args) or F.linear(*args))
-    plain = nn.Linear(512, 2048)
-    frozen = mt.model.fast.FrozenLinear(plain)
-    for rows, kernel in ((1, "mkl"), (2, "mkl"), (64, "onednn")):
-        x = torch.randn(rows, 1, 512)
+    monkeypatch.setattr(mt.model.fast, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
+    for (n_in, n_out), rows, kernel in (((512, 2048), 1, "mkl"), ((512, 2048), 2, "onednn"),
+                                        ((512, 2048), 64, "onednn"), ((256, 256), 16, "mkl"),
+                                        ((256, 256), 64, "onednn")):
+        plain = nn.Linear(n_in, n_out)
+        frozen = mt.model.fast.FrozenLinear(plain)
+        x = torch.randn(rows, 1, n_in)
         calls.clear()
         with torch.no_grad():
             torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
-        assert ("onednn" if calls else "mkl") == kernel
+        assert ("onednn" if calls else "mkl") == kernel, (n_in, n_out, rows)
+
+
+@onednn
+def test_a_frozen_layer_packs_its_weight_again_when_it_changes_and_copies_without_it(monkeypatch):
+    """oneDNN multiplies by a copy of the weight packed at first use: a weight loaded afterwards is the one used,
+    and a deep copy of the layer (whose packed copy has no storage to copy) computes what the layer computes."""
+    force_cpu_matmul(monkeypatch, "onednn")
+    plain = nn.Linear(512, 2048)
+    frozen = mt.model.fast.FrozenLinear(plain)
+    x = torch.randn(64, 512)
+    with torch.no_grad():
+        frozen(x)
+        plain.weight.mul_(2.0)
+        frozen.load_state_dict({"weight_t": plain.weight.t(), "bias": plain.bias})
+        torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(copy.deepcopy(frozen)(x), plain(x), rtol=1e-5, atol=1e-4)
 
 
 @onednn
