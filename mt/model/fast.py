@@ -16,8 +16,8 @@ Training (`for_training`):
   logits.
 - `mt.model.fast_packed.packed_loss`: the layers on a batch's real tokens only, padded out around attention.
 Decoding (`for_inference`):
-- `FrozenLinear`: weights stored transposed, the layout CPU matmuls run fastest for decoding's small batches;
-  dropout modules, which do nothing in eval mode, dropped.
+- `FrozenLinear`: weights stored transposed, the layout MKL runs fastest for decoding's small batches, and packed
+  once in oneDNN's layout where oneDNN takes the product; dropout modules, which do nothing in eval mode, dropped.
 - `matmul_attention` in decoding steps: for a step's few queries, plain matmuls beat the fused kernel.
 - int8 (a precision, not only a fast path): dynamically quantized linears (`Int8Linear`), the output layer too, a
   scale per output channel.

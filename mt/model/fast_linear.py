@@ -6,8 +6,9 @@ model's matrices faster than MKL's too (docs/performance.md). `Linear` is an `nn
 checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on x86 CPUs that are not Intel's and
 have AVX2 or AVX-512. The choice is a fact of the machine, not a timing, so every process on it computes the same
 numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`,
-Intel CPUs, where MKL has its AVX-512 code) is `F.linear`. Decoding's products of a few rows are the exception
-(`onednn_pays`): oneDNN's fixed cost per call outweighs its faster kernel there, and MKL takes them.
+Intel CPUs, where MKL has its AVX-512 code) is `F.linear`. Decoding multiplies by weights packed once in oneDNN's
+layout (`pack_for_onednn`), except for a lone row or a small weight's few rows (`onednn_pays`): oneDNN's fixed
+cost per call outweighs its faster kernel there, and MKL takes them.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
 """
