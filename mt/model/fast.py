@@ -134,7 +134,7 @@ def fast_paths(model: nn.Module) -> list[str]:
     if Linear in kinds:
         found.append(f"linear: {'oneDNN' if use_onednn() else 'MKL'} fp32 matmuls")
     if FrozenLinear in kinds:
-        found.append("linear: frozen, weights transposed")
+        found.append("linear: frozen, weights transposed" + (", packed for oneDNN" if use_onednn() else ""))
     if quantized(model):
         found.append("linear: int8 per output channel, dynamically quantized")
     if Dropout in kinds:

@@ -33,8 +33,9 @@ def force_cpu_matmul(monkeypatch, choice: str) -> None:
     if choice == "onednn" and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN linear")
     monkeypatch.setenv("MT_CPU_MATMUL", choice)
-    monkeypatch.setattr(mt.model.fast_linear, "use_onednn",
-                        functools.cache(use_onednn.__wrapped__))  # a cache of its own
+    own = functools.cache(use_onednn.__wrapped__)  # a cache of its own
+    monkeypatch.setattr(mt.model.fast_linear, "use_onednn", own)
+    monkeypatch.setattr(mt.model.fast, "use_onednn", own)  # fast_paths reports what the layers chose
     assert mt.model.fast_linear.use_onednn() == (choice == "onednn")
 
 
@@ -133,6 +134,15 @@ def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capa
         with torch.no_grad():
             torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
         assert ("onednn" if calls else "mkl") == kernel, (n_in, n_out, rows)
+
+
+@onednn
+@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
+def test_bench_says_whether_decoding_multiplies_by_packed_weights(monkeypatch, kernel):
+    force_cpu_matmul(monkeypatch, kernel)
+    paths = mt.model.fast.fast_paths(for_inference(tiny_model(), "fp32"))
+    assert ("linear: frozen, weights transposed, packed for oneDNN" in paths) == (kernel == "onednn")
+    assert any(path.startswith("linear: frozen, weights transposed") for path in paths)
 
 
 @onednn
