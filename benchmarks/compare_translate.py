@@ -2,7 +2,9 @@
 
 Each system gets the preset architecture (random weights, vocabulary 8000, tied embeddings), the same random
 source sentences and a fixed output length, then translates them in batches; throughput counts the output
-tokens each system really produced. Needs the optional extra: `pip install -e '.[bench]'`.
+tokens each system really produced. The systems run one after another, mt first: once CTranslate2 has run in a
+process, PyTorch's parallel work there runs slower for good (docs/benchmarks.md), so they are not interleaved.
+Needs the optional extra: `pip install -e '.[bench]'`.
 
     python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8] [--compile]
 
