@@ -69,7 +69,7 @@ def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> d
     for i, path in enumerate(paths):
         holder: dict[str, Loaded] = {}
 
-        def setup(path=path, holder=holder):  # on the worker thread: see mt/serve/batcher.py
+        def setup(path=path, holder=holder):  # on the thread of all PyTorch work: see mt/serve/batcher.py
             if options.threads:
                 torch.set_num_threads(options.threads)
             holder["loaded"] = load_any(path, device, options.precision)

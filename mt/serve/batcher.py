@@ -1,4 +1,4 @@
-"""Batching across requests: one worker thread per model translates whatever has queued up while it was busy.
+"""Batching across requests: one worker thread per model batches whatever has queued up while it was busy.
 
 A request's lines wait in a bounded queue. When the worker is free it takes the oldest waiting request and every
 other waiting request with the same decoding settings, up to a token budget, and translates all their lines in
@@ -14,9 +14,11 @@ come back, and starts as soon as as many requests wait as were waiting when the 
 answered, or the token budget is full. A lone client loses nothing: its next request meets the count on arrival,
 even when it is back before the worker starts waiting.
 
-All of a model's PyTorch work runs on its worker thread, loading included: a second thread running parallel
-PyTorch ops starts a second OpenMP thread team, and the two teams fight over the cores (single-sentence
-translation ran 2.5x slower on 2 cores when the model was loaded on one thread and run on another).
+All PyTorch work, every model's, loading included, runs on one thread (`on_torch_thread`), which each worker
+hands its calls to and waits for: each thread that runs parallel PyTorch ops has an OpenMP team of its own, and once
+the teams' threads outnumber the cores every parallel region pays a wake-up (single-sentence translation ran 2.5x
+slower on 2 cores when the model was loaded on one thread and run on another; beside a second model's idle worker,
+a batch translated at half the speed). Models served together take turns on the cores.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +39,14 @@ Settings = tuple[int, float, int, Glossary | None]  # beam, length penalty, n be
 Translate = Callable[[list[str], Settings], list[list[Hypothesis]]]
 Outcome = tuple[Any, Exception | None]  # a request's result, or the error that is its answer instead
 REFILL = 0.25  # after a model call, how long to wait for its callers' next requests, as a share of the call's time
+
+
+TORCH_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mt-serve-torch")  # see the module's docstring
+
+
+def on_torch_thread(call: Callable[[], Any]) -> Any:
+    """`call()` run on the one thread of all PyTorch work, its result or its error, once it has run."""
+    return TORCH_THREAD.submit(call).result()
 
 
 class QueueFull(Exception):
@@ -69,8 +80,8 @@ class Stats:
 
 
 class Batcher:
-    """`setup` runs on the worker thread and returns the function that translates (see the module's docstring);
-    its error, if any, is raised here."""
+    """`setup` runs on the thread of all PyTorch work and returns the function that translates (see the module's
+    docstring); its error, if any, is raised here."""
 
     def __init__(self, setup: Callable[[], Translate], max_waiting: int = 64, batch_tokens: int = 4096,
                  name: str = "model"):
@@ -91,7 +102,7 @@ class Batcher:
         return await self.queue(Pending(lines, settings, *self.future()))
 
     async def run_alone(self, call: Callable[[], Any]) -> Any:
-        """`call()` on the worker thread, between batches (work that uses the model beside translating)."""
+        """`call()` between batches, on the thread of all PyTorch work (work that uses the model beside translating)."""
         return await self.queue(Pending([], None, *self.future(), call=call))
 
     @staticmethod
@@ -122,7 +133,8 @@ class Batcher:
 
     def work(self, setup: Callable[[], Translate]) -> None:
         try:
-            self.translate = setup()
+            translate = on_torch_thread(setup)
+            self.translate = lambda lines, settings: on_torch_thread(lambda: translate(lines, settings))
         except Exception as error:
             self.setup_error = error
             return
@@ -174,7 +186,8 @@ class Batcher:
         """Translate the group and hand each request its lines; returns how many requests waited as the answers
         went out (a caller answered may be back before the worker next looks: it is not one of these)."""
         calls: list[tuple[int, int]] = []  # (requests, lines) of each model call that answered
-        outcomes = [attempt(group[0].call)] if group[0].call is not None else self.translate_each(group, calls)
+        call = group[0].call
+        outcomes = [attempt(lambda: on_torch_thread(call))] if call is not None else self.translate_each(group, calls)
         waiting = len(self.waiting)
         for requests, lines in calls:  # counted before anyone is answered: a caller's next look at /metrics sees it
             self.stats.record(requests, lines)

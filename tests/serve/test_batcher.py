@@ -130,3 +130,28 @@ def test_a_request_the_model_cannot_translate_fails_alone_and_those_batched_besi
     assert isinstance(bad, ValueError)
     assert calls == [["a"], ["bb", "bad", "cccc"], ["bb"], ["bad"], ["cccc"]]  # the failed call, retried one by one
     assert sizes == [(1, 1), (1, 1), (1, 1)]  # /metrics counts the calls that answered
+
+
+def test_every_models_pytorch_work_runs_on_one_thread():
+    """Each thread running parallel PyTorch ops has an OpenMP team of its own, and teams that outnumber the cores
+    slow each other down even idle: two models' loading, translating and jobs all run on the same thread."""
+    seen = []
+
+    def setup():
+        seen.append(threading.get_ident())
+
+        def translate(lines, settings):
+            seen.append(threading.get_ident())
+            return [[Hypothesis([], 0.0, 0.0)] for _ in lines]
+        return translate
+
+    first, second = Batcher(setup, name="a"), Batcher(setup, name="b")
+
+    async def use_both():
+        await asyncio.gather(first.submit(["one"], (1, 1.0, 1)), second.submit(["two"], (1, 1.0, 1)),
+                             second.run_alone(lambda: seen.append(threading.get_ident())))
+    asyncio.run(use_both())
+    first.stop()
+    second.stop()
+    assert len(seen) == 5 and len(set(seen)) == 1
+    assert seen[0] not in (first.thread.ident, second.thread.ident, threading.get_ident())
