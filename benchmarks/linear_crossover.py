@@ -1,6 +1,6 @@
 """Where decoding's fp32 products should go: MKL against a weight stored (in, out), or oneDNN against a weight
-packed once in its own layout, by rows and weight shape, one thread (`FrozenLinear`, `onednn_pays` in
-mt/model/fast_linear.py).
+packed once in its own layout, by rows and weight shape, on one thread unless --threads says more (`FrozenLinear`,
+`onednn_pays` in mt/model/fast_linear.py).
 
     python benchmarks/linear_crossover.py [--threads 1]
 
