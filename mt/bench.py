@@ -34,7 +34,7 @@ from mt.decode.translate import compiled, translate_lines
 from mt.device import autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
 from mt.model.fast import PRECISIONS, compile_decoding, fast_paths, for_inference, for_training
-from mt.model.fast_linear import onednn_available, onednn_mm, use_onednn
+from mt.model.fast_linear import onednn_available, onednn_mm, onednn_trains, use_onednn
 from mt.model.transformer import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
 from mt.train.loop import train_step
@@ -240,9 +240,9 @@ def machine(device: torch.device) -> dict:
 
 
 def cpu_matmul() -> str:
-    """The fp32 CPU matmul kernel mt's linear layers use here (see mt/model/fast_linear.py)."""
-
-    return "onednn" if use_onednn() else "mkl"
+    """The fp32 CPU matmul kernel mt's linear layers use here, for decoding and training (mt/model/fast_linear.py)."""
+    decoding, training = ("onednn" if chosen() else "mkl" for chosen in (use_onednn, onednn_trains))
+    return decoding if decoding == training else f"{decoding} decoding, {training} training"
 
 
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:

@@ -52,6 +52,7 @@ from mt.model.fast_linear import (
     onednn_min_rows,
     onednn_mm,
     onednn_pays,
+    onednn_trains,
     pack_for_onednn,
     prefers_onednn,
     use_onednn,
@@ -132,7 +133,7 @@ def fast_paths(model: nn.Module) -> list[str]:
     layers = [m for m in model.modules() if isinstance(m, (SelfAttention, CrossAttention))]
     found = []
     if Linear in kinds:
-        found.append(f"linear: {'oneDNN' if use_onednn() else 'MKL'} fp32 matmuls")
+        found.append(f"linear: {'oneDNN' if onednn_trains() else 'MKL'} fp32 matmuls")
     if FrozenLinear in kinds:
         found.append("linear: frozen, weights transposed" + (", packed for oneDNN" if use_onednn() else ""))
     if quantized(model):

@@ -2,13 +2,14 @@
 
 PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
 Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it, and its AVX2 code multiplies the
-model's matrices faster than MKL's too (docs/performance.md). `Linear` is an `nn.Linear` (same parameters, same
-checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN on x86 CPUs that are not Intel's and
-have AVX2 or AVX-512. The choice is a fact of the machine, not a timing, so every process on it computes the same
+model's decoding matrices faster than MKL's too (docs/performance.md). Decoding multiplies by weights packed once
+in oneDNN's layout (`pack_for_onednn`) on x86 CPUs that are not Intel's and have AVX2 or AVX-512, except for a lone
+row or a small weight's few rows (`onednn_pays`): oneDNN's fixed cost per call outweighs its faster kernel there,
+and MKL takes them. `Linear` is an `nn.Linear` (same parameters, same checkpoints) whose fp32 CPU matmuls, forward
+and backward, go through oneDNN where decoding's do and the CPU has AVX-512; with AVX2 alone MKL trains faster
+(`onednn_trains`). The choices are facts of the machine, not timings, so every process on it computes the same
 numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`,
-Intel CPUs, where MKL has its AVX-512 code) is `F.linear`. Decoding multiplies by weights packed once in oneDNN's
-layout (`pack_for_onednn`), except for a lone row or a small weight's few rows (`onednn_pays`): oneDNN's fixed
-cost per call outweighs its faster kernel there, and MKL takes them.
+Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
 """
@@ -59,6 +60,15 @@ def use_onednn() -> bool:
     if choice != "auto":
         return choice == "onednn"
     return cpu_vendor() not in ("GenuineIntel", "") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@functools.cache
+def onednn_trains() -> bool:
+    """Whether training's fp32 CPU matmuls (forward and both gradients) go through oneDNN: MT_CPU_MATMUL, else where
+    decoding's do and the CPU has AVX-512; with AVX2 alone MKL multiplies a batch's thousands of rows faster."""
+    if os.environ.get("MT_CPU_MATMUL", "auto") != "auto":
+        return use_onednn()
+    return use_onednn() and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -129,13 +139,18 @@ def onednn_min_rows(weight_size: int) -> int | None:
 
 
 def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
-    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is the faster kernel."""
+    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is decoding's faster kernel."""
     return plain_cpu_fp32(x, weight) and use_onednn()
 
 
+def trains_on_onednn(x: Tensor, weight: Tensor) -> bool:
+    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is training's faster kernel."""
+    return plain_cpu_fp32(x, weight) and onednn_trains()
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """F.linear, through oneDNN for fp32 on CPU where that is faster (see the module docstring)."""
-    if prefers_onednn(x, weight):
+    """F.linear, through oneDNN for fp32 on CPU where that trains faster (see the module docstring)."""
+    if trains_on_onednn(x, weight):
         if not torch.is_grad_enabled():  # decoding: the same kernel without autograd.Function's cost per call
             return onednn_linear(x, weight, bias)
         return OneDnnLinear.apply(x, weight, bias)
@@ -144,7 +159,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def linear_grads(g: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     """The gradients of `linear(x, weight)` for the output gradient g (N, out), x (N, in): g W and g^T x."""
-    if prefers_onednn(x, weight):
+    if trains_on_onednn(x, weight):
         return onednn_mm(g, weight.t()), onednn_weight_grad(g, x)
     return g @ weight, g.t() @ x
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import mt.bench
 import mt.model.fast_linear
 from mt.data.tokenizer import BOS
 from mt.decode.search import beam_search
@@ -17,6 +18,7 @@ from mt.model.fast_linear import (
     onednn_min_rows,
     onednn_mm,
     onednn_pays,
+    onednn_trains,
     use_onednn,
 )
 
@@ -33,10 +35,12 @@ def force_cpu_matmul(monkeypatch, choice: str) -> None:
     if choice == "onednn" and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN linear")
     monkeypatch.setenv("MT_CPU_MATMUL", choice)
-    own = functools.cache(use_onednn.__wrapped__)  # a cache of its own
+    own, trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)  # own caches
     monkeypatch.setattr(mt.model.fast_linear, "use_onednn", own)
+    monkeypatch.setattr(mt.model.fast_linear, "onednn_trains", trains)
     monkeypatch.setattr(mt.model.fast, "use_onednn", own)  # fast_paths reports what the layers chose
-    assert mt.model.fast_linear.use_onednn() == (choice == "onednn")
+    monkeypatch.setattr(mt.model.fast, "onednn_trains", trains)
+    assert mt.model.fast_linear.use_onednn() == mt.model.fast_linear.onednn_trains() == (choice == "onednn")
 
 
 def forward_and_grads(fn, x, w, b, grad):
@@ -134,6 +138,35 @@ def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capa
         with torch.no_grad():
             torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
         assert ("onednn" if calls else "mkl") == kernel, (n_in, n_out, rows)
+
+
+@onednn
+@pytest.mark.parametrize("capability, trains", [("AVX2", False), ("AVX512", True)])
+def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_only(monkeypatch, capability, trains):
+    """A batch's decoding products go to oneDNN on both; training's to oneDNN with AVX-512 and to MKL with AVX2
+    alone, where MKL trained faster. `mt bench` says which, and the layer computes nn.Linear either way."""
+    monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
+    monkeypatch.setattr(mt.model.fast_linear, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    own, own_trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)
+    for module in (mt.model.fast_linear, mt.model.fast, mt.bench):
+        monkeypatch.setattr(module, "use_onednn", own)
+        monkeypatch.setattr(module, "onednn_trains", own_trains)
+    calls = []
+    for module in (mt.model.fast_linear, mt.model.fast):
+        monkeypatch.setattr(module, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
+    plain, layer = nn.Linear(512, 2048), Linear(512, 2048)
+    layer.load_state_dict(plain.state_dict())
+    x, grad = torch.randn(64, 512), torch.randn(64, 2048)
+    for module in (plain, layer):
+        module(x).backward(grad)
+    torch.testing.assert_close(layer.weight.grad, plain.weight.grad, rtol=1e-4, atol=1e-4)
+    assert bool(calls) == trains
+    calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(mt.model.fast.FrozenLinear(plain)(x), plain(x), rtol=1e-5, atol=1e-4)
+    assert calls
+    assert mt.bench.cpu_matmul() == ("onednn" if trains else "onednn decoding, mkl training")
 
 
 @onednn
