@@ -106,6 +106,29 @@ def train_tiny(root: Path, steps: int, joint: bool = True, **model_changes) -> P
     return root / "run" / "best.pt"
 
 
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory):
+    """`train_tiny`'s models, each trained once a test run and shared by every file that asks for the same one, on
+    either pytest-xdist worker: `trained_tiny(steps, joint, **model_changes)` is its best.pt (run/best.pt beside
+    the corpus/ it learned). Tests only read them."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+
+    def trained(steps: int, joint: bool = True, **model_changes) -> Path:
+        name = "-".join(["tiny", str(steps), "joint" if joint else "separate",
+                         *(f"{k}={v}" for k, v in sorted(model_changes.items()))])
+        root = shared / name
+        with FileLock(str(shared / f"{name}.lock")):
+            if not (root / "done").is_file():
+                train_tiny(root, steps, joint, **model_changes)
+                (root / "done").touch()
+        return root / "run" / "best.pt"
+
+    return trained
+
+
 def train_until(cfg, run: Path, steps: int, done, what: str, rounds: int = 5) -> None:
     """Train `cfg` (fp32, as every CPU computes it alike) into `run` in rounds of `steps` steps until `done(run)`;
     a test gets a model that does what it needs by that condition, not by a step count that suits one CPU."""

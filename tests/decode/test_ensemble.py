@@ -17,16 +17,16 @@ from mt.decode.search import SearchOptions
 from mt.decode.translate import translate_lines
 from mt.errors import MtError
 
-from ..conftest import assert_refused, train_tiny
+from ..conftest import assert_refused
 
 SOURCES = ["der hund sitzt unter dem baum", "die katze", "", "rot blau groß klein läuft auf das"]
 
 
 @pytest.fixture(scope="module")
-def members(tmp_path_factory):
+def members(tmp_path_factory, trained_tiny):
     """Two checkpoints of one vocabulary: a tiny trained model, and the same with its weights moved by noise."""
     root = tmp_path_factory.mktemp("ensemble")
-    a = train_tiny(root, 200)
+    a = trained_tiny(200)
     state = checkpoint.load(a)
     noise = torch.Generator().manual_seed(0)
     moved = {name: value + 0.05 * torch.randn(value.shape, generator=noise) if value.is_floating_point() else value

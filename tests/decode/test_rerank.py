@@ -25,7 +25,7 @@ from mt.report import report_run
 from mt.train.loop import train
 from mt.train.members import member_config
 
-from ..conftest import assert_refused, train_tiny
+from ..conftest import assert_refused
 from ..train.test_loop import small_config
 from ..train.test_members import data  # noqa: F401  (a fixture)
 
@@ -35,10 +35,10 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def pair(tmp_path_factory, trained_tiny):
     """A tiny left-to-right model, and a right-to-left one trained on the same prepared data."""
     root = tmp_path_factory.mktemp("rerank")
-    l2r = train_tiny(root, 200)
+    l2r = trained_tiny(200)
     cfg = from_dict(checkpoint.load(l2r)["config"])
     cfg.model.right_to_left = True
     threads = torch.get_num_threads()
@@ -85,7 +85,7 @@ def assert_ordered_at_weight_1(ours, found, other: list[float], source_lengths: 
 @pytest.fixture(scope="module")
 def channel(pair):
     """An en→de model of the pair's corpus, reversed, with a vocabulary of its own: a channel for the de→en pair."""
-    root, corpus = pair[0].parent.parent, pair[0].parent.parent / "corpus"
+    root, corpus = pair[1].parent.parent, pair[0].parent.parent / "corpus"  # the shared l2r model's corpus, read
     prepare(root / "rev", "en", "de", train=str(corpus / "train"), valid=str(corpus / "valid"), vocab_size=48,
             progress=False)
     cfg = from_dict(checkpoint.load(pair[0])["config"])

@@ -15,7 +15,7 @@ from mt.decode.search import beam_search
 from mt.errors import MtError
 from mt.export.convert import export
 
-from ..conftest import assert_refused, train_tiny
+from ..conftest import assert_refused
 
 pytestmark = pytest.mark.numerics
 
@@ -32,11 +32,10 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
-def trained(request, tmp_path_factory) -> tuple[Path, list[str]]:
+def trained(request, trained_tiny) -> tuple[Path, list[str]]:
     """A tiny model trained on the synthetic corpus until it translates it, and the sentences to translate."""
-    root = tmp_path_factory.mktemp("export")
-    best = train_tiny(root, 300, **VARIANTS[request.param])
-    return best, (root / "corpus" / "valid.de").read_text(encoding="utf-8").splitlines()
+    best = trained_tiny(300, **VARIANTS[request.param])
+    return best, (best.parents[1] / "corpus" / "valid.de").read_text(encoding="utf-8").splitlines()
 
 
 def mt_ids(path: Path, lines: list[str], beam: int) -> list[list[int]]:

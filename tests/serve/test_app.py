@@ -21,15 +21,13 @@ from mt.cli import app as cli_app  # noqa: E402
 from mt.options import ServeOptions  # noqa: E402
 from mt.serve.app import create_app, load_models  # noqa: E402
 
-from ..conftest import train_tiny  # noqa: E402
-
 WAIT = 120  # seconds: how long a held worker or a test waits for the other side, however loaded the machine
 LINES = ["der hund sitzt unter dem baum", "", "die katze läuft auf das rote haus", "   ", "das größte Ü-Ei ☃"]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return train_tiny(tmp_path_factory.mktemp("serve"), 200)
+def checkpoint(trained_tiny) -> Path:
+    return trained_tiny(200)
 
 
 def serve_app(checkpoint: Path, **options):
