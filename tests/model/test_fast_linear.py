@@ -35,12 +35,17 @@ def force_cpu_matmul(monkeypatch, choice: str) -> None:
     if choice == "onednn" and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN linear")
     monkeypatch.setenv("MT_CPU_MATMUL", choice)
-    own, trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)  # own caches
-    monkeypatch.setattr(mt.model.fast_linear, "use_onednn", own)
-    monkeypatch.setattr(mt.model.fast_linear, "onednn_trains", trains)
-    monkeypatch.setattr(mt.model.fast, "use_onednn", own)  # fast_paths reports what the layers chose
-    monkeypatch.setattr(mt.model.fast, "onednn_trains", trains)
+    fresh_kernel_rules(monkeypatch)
     assert mt.model.fast_linear.use_onednn() == mt.model.fast_linear.onednn_trains() == (choice == "onednn")
+
+
+def fresh_kernel_rules(monkeypatch) -> None:
+    """The kernel rules decided afresh for this test (caches of their own), wherever they are read: by the layers,
+    and by fast_paths and `mt bench`, which report what the layers chose."""
+    own, trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)
+    for module in (mt.model.fast_linear, mt.model.fast, mt.bench):
+        monkeypatch.setattr(module, "use_onednn", own)
+        monkeypatch.setattr(module, "onednn_trains", trains)
 
 
 def forward_and_grads(fn, x, w, b, grad):
@@ -148,10 +153,7 @@ def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_onl
     monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
     monkeypatch.setattr(mt.model.fast_linear, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    own, own_trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)
-    for module in (mt.model.fast_linear, mt.model.fast, mt.bench):
-        monkeypatch.setattr(module, "use_onednn", own)
-        monkeypatch.setattr(module, "onednn_trains", own_trains)
+    fresh_kernel_rules(monkeypatch)
     calls = []
     for module in (mt.model.fast_linear, mt.model.fast):
         monkeypatch.setattr(module, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
