@@ -5,11 +5,12 @@ Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it, and 
 model's decoding matrices faster than MKL's too (docs/performance.md). Decoding multiplies by weights packed once
 in oneDNN's layout (`pack_for_onednn`) on x86 CPUs that are not Intel's and have AVX2 or AVX-512, except for a lone
 row or a small weight's few rows (`onednn_pays`): oneDNN's fixed cost per call outweighs its faster kernel there,
-and MKL takes them. `Linear` is an `nn.Linear` (same parameters, same checkpoints) whose fp32 CPU matmuls, forward
-and backward, go through oneDNN where decoding's do and the CPU has AVX-512; with AVX2 alone MKL trains faster
-(`onednn_trains`). The choices are facts of the machine, not timings, so every process on it computes the same
-numbers (resuming a run continues it bitwise). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`,
-Intel CPUs, where MKL has its AVX-512 code) is `F.linear`.
+and MKL takes them, as it takes a down-projection's hundred rows and more with AVX2. `Linear` is an `nn.Linear`
+(same parameters, same checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN where decoding's
+do and the CPU has AVX-512; with AVX2 alone MKL trains faster (`onednn_trains`). The choices are facts of the
+machine, not timings, so every process on it computes the same numbers (resuming a run continues it bitwise).
+Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`, Intel CPUs, where MKL has its AVX-512 code) is
+`F.linear`.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
 """
@@ -122,11 +123,21 @@ def min_macs(rule: tuple[int, int], weight_size: int) -> int:
     return rule[1] * 4 if weight_size <= L2_RESIDENT else rule[1]
 
 
-def onednn_pays(rows: int, weight: Tensor) -> bool:
-    """Whether oneDNN is the faster kernel for `rows` inputs against `weight`: not for the few rows of a decoding
-    step, where its fixed cost per call outweighs the work."""
-    rule = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability(), (0, 0))
-    return rows >= rule[0] and rows * weight.numel() >= min_macs(rule, weight.numel())
+# From this many rows, MKL multiplies by a narrowing weight (in >= 2 x out: a feed-forward layer's down-projection)
+# faster than oneDNN against its packed copy, by the CPU's vector width; not measured with AVX-512, where oneDNN keeps
+# them (docs/performance.md).
+MKL_NARROWING_FROM_ROWS = {"AVX2": 128}
+
+
+def onednn_pays(rows: int, weight_t: Tensor) -> bool:
+    """Whether oneDNN is the faster kernel for `rows` inputs against `weight_t`, (in, out) as `FrozenLinear` holds it:
+    not for the few rows of a decoding step, where its fixed cost per call outweighs the work, nor, with AVX2, for
+    a narrowing weight's many rows."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    rule = ONEDNN_MIN_PRODUCT.get(capability, (0, 0))
+    if weight_t.size(0) >= 2 * weight_t.size(1) and rows >= MKL_NARROWING_FROM_ROWS.get(capability, rows + 1):
+        return False
+    return rows >= rule[0] and rows * weight_t.numel() >= min_macs(rule, weight_t.numel())
 
 
 def onednn_min_rows(weight_size: int) -> int | None:
