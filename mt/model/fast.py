@@ -48,6 +48,7 @@ import mt.model.native_step
 from mt.errors import MtError
 from mt.model.fast_dropout import Dropout, dropout
 from mt.model.fast_linear import (
+    MKL_NARROWING_FROM_ROWS,
     Linear,
     onednn_min_rows,
     onednn_mm,
@@ -136,6 +137,9 @@ def fast_paths(model: nn.Module) -> list[str]:
         found.append(f"linear: {'oneDNN' if onednn_trains() else 'MKL'} fp32 matmuls")
     if FrozenLinear in kinds:
         found.append("linear: frozen, weights transposed" + (", packed for oneDNN" if use_onednn() else ""))
+        narrowing = MKL_NARROWING_FROM_ROWS.get(torch.backends.cpu.get_cpu_capability())
+        if use_onednn() and narrowing:
+            found.append(f"linear: down-projections through MKL from {narrowing} rows")
     if quantized(model):
         found.append("linear: int8 per output channel, dynamically quantized")
     if Dropout in kinds:

@@ -177,8 +177,10 @@ def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_onl
 @pytest.mark.parametrize("kernel", ["onednn", "mkl"])
 def test_bench_says_whether_decoding_multiplies_by_packed_weights(monkeypatch, kernel):
     force_cpu_matmul(monkeypatch, kernel)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     paths = mt.model.fast.fast_paths(for_inference(tiny_model(), "fp32"))
     assert ("linear: frozen, weights transposed, packed for oneDNN" in paths) == (kernel == "onednn")
+    assert ("linear: down-projections through MKL from 128 rows" in paths) == (kernel == "onednn")
     assert any(path.startswith("linear: frozen, weights transposed") for path in paths)
 
 
