@@ -9,10 +9,12 @@ attention weights: such a kind has `cross_attention(src, tgt)` (mt/decode/alignm
 
 Both functions take a model with `encode` / `start_cache` / `decode_step` (see mt/model/transformer.py) and a padded
 source batch (B, S), and return hypotheses as lists of piece ids without BOS/EOS. Finished sentences leave the
-running batch, so a long sentence does not keep short ones computing. A few rows (a lone sentence, its beam) are
-searched by mt/decode/few_rows.py, the same searches with their books in Python lists; what all searches share is
-mt/decode/hypotheses.py's. `constrained_beam_search` (mt/decode/constrained_search.py) is beam search whose
-translations must hold given target phrases (a glossary's terms), which `translate_ids` takes per source.
+running batch, so a long sentence does not keep short ones computing; they leave together, once they are a quarter
+of its rows (`COMPACT_AT`), since each leaving copies the cache of the rows that stay. A few rows (a lone sentence,
+its beam) are searched by mt/decode/few_rows.py, the same searches with their books in Python lists; what all
+searches share is mt/decode/hypotheses.py's. `constrained_beam_search` (mt/decode/constrained_search.py) is beam
+search whose translations must hold given target phrases (a glossary's terms), which `translate_ids` takes per
+source.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from mt.decode.hypotheses import Hypothesis, candidates, length_penalty, max_len
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
+
+# The share of a running batch's rows that must be finished before they leave it: until then they decode on, their
+# outputs ignored. Each leaving copies every kept row's cache, which costs more than a few finished rows' decoding
+# (docs/performance.md).
+COMPACT_AT = 0.25
 
 
 def autocast(precision: str, device: torch.device):
@@ -85,18 +92,21 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
     tokens = torch.full((n,), BOS, dtype=torch.long, device=src.device)
     out = torch.full((n, steps), EOS, dtype=torch.long, device=src.device)
     logprob = torch.zeros(n, device=src.device)
+    done = torch.zeros(n, dtype=torch.bool, device=src.device)  # rows that ended and decode on, ignored
     for step in range(steps):
         logits, cache = model.decode_step(tokens, cache)
         logp = next_token_logprobs(logits, step < min_len, limit[active] <= step + 1)
         best, tokens = logp.max(dim=-1)
+        tokens, best = tokens.masked_fill(done, EOS), best.masked_fill(done, 0.0)
         out[active, step] = tokens
         logprob[active] += best
-        running = tokens != EOS
-        if not running.all():
-            if not running.any():
+        done = tokens == EOS
+        if done.any():
+            if done.all():
                 break
-            keep = running.nonzero().squeeze(1)
-            active, tokens, cache = active[keep], tokens[keep], cache.select(keep, keep)
+            if done.sum() >= COMPACT_AT * done.numel():
+                keep = (~done).nonzero().squeeze(1)
+                active, tokens, done, cache = active[keep], tokens[keep], done[keep], cache.select(keep, keep)
     return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
 
 
@@ -167,16 +177,23 @@ class Beams:
         best, scores = ranked[:, 0], live.gather(1, at)
         beam_of, tok = top_beam.gather(1, at), top_tok.gather(1, at)
         parent = (torch.arange(self.active.numel(), device=scores.device)[:, None] * k + beam_of).view(-1)
-        # A sentence is done when no live beam can beat the nbest-th finished one (-inf >= -inf: none can).
+        # A sentence is done when no live beam can beat the nbest-th finished one (-inf >= -inf: none can). A done
+        # sentence's beams decode on, scored -inf (so they finish nothing) and unmoved, until done sentences are
+        # COMPACT_AT of the batch and leave it together.
         keep = kth_best[self.active] < best / penalty
         sentences = None  # the encoder side changes only when sentences finish
         active = self.active
         if not keep.all():
             if not keep.any():
                 return False
-            sentences = keep.nonzero().squeeze(1)
-            parent = parent.view(-1, k)[keep].view(-1)
-            scores, tok, active = scores[keep], tok[keep], active[keep]
+            if (~keep).sum() >= COMPACT_AT * keep.numel():
+                sentences = keep.nonzero().squeeze(1)
+                parent = parent.view(-1, k)[keep].view(-1)
+                scores, tok, active = scores[keep], tok[keep], active[keep]
+            else:
+                scores = scores.masked_fill(~keep[:, None], -torch.inf)
+                rows = torch.arange(parent.numel(), device=parent.device)
+                parent = torch.where(keep.repeat_interleave(k), parent, rows)
         self.prefixes = torch.cat([self.prefixes.index_select(0, parent), tok.view(-1, 1)], dim=1)
         self.active, self.scores, self.last = active, scores, tok.view(-1)
         self.cache = self.cache.select(parent, sentences)

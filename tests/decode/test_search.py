@@ -185,3 +185,49 @@ def test_few_slot_order_is_slot_order():
     parents = torch.randint(0, 5, (200, 5), generator=g)
     expected = slot_order(parents).tolist()
     assert [few_slot_order(p) for p in parents.tolist()] == expected
+
+
+@pytest.mark.parametrize("alpha", [0.6, 2.0])
+def test_finished_sentences_leave_the_batch_together_and_change_no_translation(alpha, monkeypatch):
+    """Finished sentences decode on, ignored, until they are COMPACT_AT of the batch's rows and leave it in one copy
+    of the cache: every sentence's hypotheses are those it gets when each leaves at once (COMPACT_AT 0) or alone."""
+    import mt.decode.search as search
+    from mt.model.cache import DecoderCache
+
+    model = tiny_model(seed=5)
+    step = model.decode_step
+
+    def ending(tokens, cache):
+        """EOS becomes likely two pieces short of the source's length, so sentences end at different steps, some
+        beams before others; a row fed its own EOS would go on, as a finished row left to decode must not."""
+        length = cache.length
+        logits, cache = step(tokens, cache)
+        src_len = cache.src_mask.sum((1, 2, 3)).repeat_interleave(tokens.size(0) // cache.src_mask.size(0))
+        logits[src_len - 2 <= length, EOS] += 4.0
+        logits[tokens == EOS, EOS] -= 20.0
+        return logits, cache
+
+    model.decode_step = ending
+    monkeypatch.setattr(search, "FEW_ROWS", 0)
+    select, leavings = DecoderCache.select, []
+    monkeypatch.setattr(DecoderCache, "select", lambda self, rows, sentences=None: (  # rows before and after
+        leavings.append((self.self_k[0].size(1), rows.numel())) if sentences is not None else None) or select(
+        self, rows, sentences))
+    src = sources(n=12, seed=7)
+    found, left = {}, {}
+    for compact_at in (0.0, 0.25, 1.0):
+        monkeypatch.setattr(search, "COMPACT_AT", compact_at)
+        leavings.clear()
+        found[compact_at] = (search.beam_search(model, src, 3, alpha, 1.0, 6, nbest=2),
+                             search.greedy(model, src, 1.0, 6))
+        left[compact_at] = list(leavings)
+    alone = [(search.beam_search(model, src[i:i + 1], 3, alpha, 1.0, 6, nbest=2)[0],
+              search.greedy(model, src[i:i + 1], 1.0, 6)[0]) for i in range(src.size(0))]
+    assert len({len(one.tokens) for _, one in alone}) > 3  # sentences end at several steps
+    for beams, ones in found.values():
+        for i, (hyps, one) in enumerate(zip(beams, ones, strict=True)):
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone[i][0]], i
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in alone[i][0]], abs=1e-5)
+            assert one.tokens == alone[i][1].tokens and one.logprob == pytest.approx(alone[i][1].logprob, abs=1e-5)
+    assert left[1.0] == [] and left[0.25] and len(left[0.25]) < len(left[0.0])
+    assert all(after <= 0.75 * before for before, after in left[0.25]), left[0.25]
