@@ -36,7 +36,9 @@ class DecoderCache:
 
         Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block. While
         all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
-        their row): this cache's buffers are then reused, as `decode_step` reuses them.
+        their row). Fewer rows, or most of them moved, are gathered to the front of the same buffers
+        (`compacted`). Either way this cache's buffers are reused, as `decode_step` reuses them: this cache
+        must not be used again.
         """
         width = self.self_k[0].size(1)
 
@@ -62,6 +64,8 @@ class DecoderCache:
         picked = at_filled(rows)
 
         def pick_filled(buf: Tensor) -> Tensor:
+            if rows.numel() <= width:
+                return compacted(buf, picked, rows.numel())
             new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
             torch.index_select(as_rows(buf), 0, picked, out=as_rows(new)[:picked.numel()])
             return new
@@ -81,6 +85,26 @@ class DecoderCache:
             raise ValueError(f"only a cache of one row per sentence widens, not one of {self.beam}")
         rows = torch.arange(self.self_k[0].size(1), device=self.src_mask.device).repeat_interleave(beam)
         return replace(self.select(rows), beam=beam, move_rows=self.move_rows)
+
+
+# Floats gathered at a time by `compacted`: a temporary under glibc's mmap threshold as mt/memory.py sets it (32 MiB),
+# so that its memory is reused, not faulted in anew.
+CHUNK = 2 ** 21
+
+
+def compacted(buf: Tensor, picked: Tensor, rows: int) -> Tensor:
+    """The (L, B, H, Dh) buffer's filled rows `picked` (as `at_filled` lists them: position-major, `rows` a
+    position) as an (L, rows, H, Dh) buffer at the front of its own memory, rows <= B. A new buffer's pages would
+    be faulted in and zeroed by the kernel (over 32 MiB, glibc maps them afresh), at every later write too; these
+    are already in use. Position chunks are gathered in turn: chunk [t0, t1) lands below t1 * B, where no position
+    not yet gathered lies."""
+    new = buf.view(-1)[:buf.size(0) * rows * buf[0, 0].numel()].view(buf.size(0), rows, *buf.shape[2:])
+    source, target = as_rows(buf), as_rows(new)
+    per_chunk = max(1, CHUNK // (rows * buf[0, 0].numel())) * rows
+    for start in range(0, picked.numel(), per_chunk):
+        part = picked[start:start + per_chunk]
+        target[start:start + part.numel()] = source.index_select(0, part)
+    return new
 
 
 def as_rows(buf: Tensor) -> Tensor:

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import mt.model.cache
 from mt.config import ModelConfig
 from mt.data.tokenizer import BOS, PAD
 from mt.model.transformer import Transformer, count_parameters
@@ -114,6 +115,37 @@ def test_cache_follows_its_rows_when_beams_are_reordered(rows):
             logits, cache = model.decode_step(followed[:, i], cache)
             steps.append(logits)
         sentence = torch.arange(2).repeat_interleave(k)
+        full = model.decode(followed, memory[sentence], src_mask[sentence])
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, half:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 2 ** 21], ids=["a-position-at-a-time", "at-once"])
+@pytest.mark.parametrize("rows, sentences", [([5, 3, 3, 6, 8, 7], [1, 2]), ([2, 0, 1, 5, 3, 4, 8, 6, 7], [0, 1, 2])],
+                         ids=["first-sentence-leaves", "every-beam-moves"])
+def test_the_cache_of_the_sentences_kept_decodes_on_in_its_own_memory(chunk, rows, sentences, monkeypatch):
+    """Dropping a finished sentence and reordering the other beams, or moving most beams, compacts the cache in
+    place, position chunk by chunk: the rows kept decode on as if they had decoded those prefixes from the start."""
+    monkeypatch.setattr(mt.model.cache, "CHUNK", chunk)
+    model = tiny_model()
+    src, _ = random_batch(b=3)
+    _, tgt = random_batch(b=9, t=6, seed=2)  # every (sentence × beam) row its own prefix
+    k, half = 3, 3
+    rows, sentences = torch.tensor(rows), torch.tensor(sentences)
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        cache = model.start_cache(memory, src_mask, beam=k)
+        for i in range(half):
+            _, cache = model.decode_step(tgt[:, i], cache)
+        before = cache.self_k[0].data_ptr()
+        cache = cache.select(rows, None if len(sentences) == 3 else sentences)
+        assert cache.self_k[0].data_ptr() == before and cache.self_k[0].size(1) == rows.numel()
+        kept = sentences.repeat_interleave(k) * k + torch.arange(k).repeat(len(sentences))
+        followed = torch.cat([tgt[rows, :half], tgt[kept, half:]], dim=1)  # the prefixes the rows now hold
+        steps = []
+        for i in range(half, tgt.size(1)):
+            logits, cache = model.decode_step(followed[:, i], cache)
+            steps.append(logits)
+        sentence = sentences.repeat_interleave(k)
         full = model.decode(followed, memory[sentence], src_mask[sentence])
     torch.testing.assert_close(torch.stack(steps, 1), full[:, half:], rtol=1e-5, atol=1e-5)
 
