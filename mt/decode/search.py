@@ -36,7 +36,7 @@ from mt.decode.few_rows import few_beam_search, few_greedy
 from mt.decode.hypotheses import Hypothesis, candidates, length_penalty, max_lengths, next_token_logprobs, until_eos
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
-from mt.model.cache import DecoderCache, hand_back, reusing_buffers
+from mt.model.cache import DecoderCache
 
 # The share of a running batch's rows that must be finished before they leave it: until then they decode on, their
 # outputs ignored. Each leaving copies every kept row's cache, which costs more than a few finished rows' decoding
@@ -107,7 +107,6 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
             if done.sum() >= COMPACT_AT * done.numel():
                 keep = (~done).nonzero().squeeze(1)
                 active, tokens, done, cache = active[keep], tokens[keep], done[keep], cache.select(keep, keep)
-    hand_back(cache)
     return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
 
 
@@ -145,7 +144,6 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
         finished.add(beams, top_scores, top_beam, top_tok, penalty)
         if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):
             break
-    hand_back(beams.cache)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished.hyps]
 
 
@@ -293,31 +291,24 @@ def translate_ids(model, srcs: list[list[int]], opts: SearchOptions, device: tor
     results: list[list[Hypothesis]] = [[] for _ in srcs]
     has = [constraints is not None and any(constraints.phrases[i]) for i in range(len(srcs))]
     plain, held = [i for i in range(len(srcs)) if not has[i]], [i for i in range(len(srcs)) if has[i]]
-    with reusing_buffers():
-        for todo, constrained in ((plain, False), (held, True)):
-            search_batches(model, srcs, todo, constrained, constraints, opts, device, results)
+    for todo, constrained in ((plain, False), (held, True)):
+        for batch in batch_by_tokens([len(srcs[i]) + 1 for i in todo], opts.batch_tokens):
+            idx = [todo[b] for b in batch]
+            src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
+            found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
+            with autocast(opts.precision, device), attention_kernels(device):
+                if constrained:
+                    hyps = constrained_beam_search(model, src, constraints.select(idx), opts.beam, opts.len_penalty,
+                                                   opts.max_len_a, opts.max_len_b, found)
+                elif opts.beam == 1 and opts.nbest == 1:
+                    hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
+                else:
+                    hyps = beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b,
+                                       found)
+            for i, h in zip(idx, hyps, strict=True):
+                results[i] = h[:opts.nbest]
     if model.cfg.right_to_left:  # its pieces came last first: turn them back before anything reads them
         for hyps in results:
             for h in hyps:
                 h.tokens.reverse()
     return results
-
-
-def search_batches(model, srcs: list[list[int]], todo: list[int], constrained: bool, constraints: Constraints | None,
-                   opts: SearchOptions, device: torch.device, results: list[list[Hypothesis]]) -> None:
-    """`translate_ids`'s search of the sources `todo`, in batches of `opts.batch_tokens`, into `results`."""
-    for batch in batch_by_tokens([len(srcs[i]) + 1 for i in todo], opts.batch_tokens):
-        idx = [todo[b] for b in batch]
-        src = pad([srcs[i] for i in idx], [], [EOS]).to(device)
-        found = max(opts.nbest, opts.beam) if opts.finish_all else opts.nbest
-        with autocast(opts.precision, device), attention_kernels(device):
-            if constrained:
-                hyps = constrained_beam_search(model, src, constraints.select(idx), opts.beam, opts.len_penalty,
-                                               opts.max_len_a, opts.max_len_b, found)
-            elif opts.beam == 1 and opts.nbest == 1:
-                hyps = [[h] for h in greedy(model, src, opts.max_len_a, opts.max_len_b)]
-            else:
-                hyps = beam_search(model, src, opts.beam, opts.len_penalty, opts.max_len_a, opts.max_len_b,
-                                   found)
-        for i, h in zip(idx, hyps, strict=True):
-            results[i] = h[:opts.nbest]

@@ -1,15 +1,11 @@
 """The decoder's KV cache: what incremental decoding carries from one step to the next, and how beam search
 reorders it. `Transformer.start_cache` makes one and `decode_step` returns it one position longer
-(mt/model/transformer.py); nothing is kept on the modules. Within `reusing_buffers()` (a translation's batches),
-a finished search hands its buffers back (`hand_back`) and the next cache is made in them (`new_buffer`).
+(mt/model/transformer.py); nothing is kept on the modules.
 """
 
 from __future__ import annotations
 
-import math
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -70,7 +66,7 @@ class DecoderCache:
         def pick_filled(buf: Tensor) -> Tensor:
             if rows.numel() <= width:
                 return compacted(buf, picked, rows.numel())
-            new = new_buffer((buf.size(0), rows.numel(), *buf.shape[2:]), buf)
+            new = buf.new_empty((buf.size(0), rows.numel(), *buf.shape[2:]))
             torch.index_select(as_rows(buf), 0, picked, out=as_rows(new)[:picked.numel()])
             return new
 
@@ -79,11 +75,8 @@ class DecoderCache:
             mem_k = [k.index_select(0, sentences) for k in mem_k]
             mem_v = [v.index_select(0, sentences) for v in mem_v]
             src_mask = src_mask.index_select(0, sentences)
-        kept = DecoderCache(mem_k, mem_v, [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
+        return DecoderCache(mem_k, mem_v, [pick_filled(k) for k in self.self_k], [pick_filled(v) for v in self.self_v],
                             src_mask, self.length, self.beam)
-        if rows.numel() > width:  # widened into new buffers: this cache's are free
-            hand_back(self)
-        return kept
 
     def widen(self, beam: int) -> DecoderCache:
         """This cache of one row per sentence as `beam` identical rows per sentence, side by side: beam search
@@ -117,43 +110,3 @@ def compacted(buf: Tensor, picked: Tensor, rows: int) -> Tensor:
 def as_rows(buf: Tensor) -> Tensor:
     """A (L, B, H, Dh) buffer as (L * B, H * Dh) rows: indexing whole rows of a 2-D tensor is the fastest copy."""
     return buf.view(-1, buf.size(2) * buf.size(3))
-
-
-_local = threading.local()  # this thread's buffers handed back, within `reusing_buffers`
-
-
-@contextmanager
-def reusing_buffers() -> Iterator[None]:
-    """Within it, on this thread, a cache is made in the CPU buffers that finished searches handed back: a new
-    buffer over 32 MiB is mapped afresh by glibc, and the kernel faults in and zeroes each page at its first write
-    (docs/performance.md). They are let go at the end."""
-    outer = getattr(_local, "spare", None)
-    _local.spare = [] if outer is None else outer
-    try:
-        yield
-    finally:
-        _local.spare = outer
-
-
-def new_buffer(shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """An uninitialised tensor of `shape`, of `like`'s dtype and device: within `reusing_buffers`, on CPU, the
-    front of the smallest buffer handed back that holds it."""
-    spare = getattr(_local, "spare", None)
-    size = math.prod(shape)
-    if spare and like.device.type == "cpu":
-        fits = [i for i, flat in enumerate(spare) if flat.dtype == like.dtype and flat.numel() >= size]
-        if fits:
-            return spare.pop(min(fits, key=lambda i: spare[i].numel()))[:size].view(shape)
-    return like.new_empty(shape)
-
-
-def hand_back(cache) -> None:
-    """Within `reusing_buffers`, the self-attention buffers of a cache its search is done with, for the next one;
-    elsewhere, and for any other kind of cache (an ensemble's), nothing."""
-    spare = getattr(_local, "spare", None)
-    if spare is None or not isinstance(cache, DecoderCache):
-        return
-    for buf in cache.self_k + cache.self_v:
-        if buf.device.type == "cpu":
-            whole = buf.untyped_storage()
-            spare.append(buf.new_empty(0).set_(whole, 0, (whole.nbytes() // buf.element_size(),)))

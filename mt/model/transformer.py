@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from mt.config import ModelConfig
 from mt.data.tokenizer import PAD
-from mt.model.cache import DecoderCache, new_buffer
+from mt.model.cache import DecoderCache
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float, causal: bool) -> Tensor:
@@ -268,7 +268,7 @@ class Transformer(nn.Module):
         # Contiguous once here, or every step's attention would copy the strided views again.
         mem_kv = [[t.contiguous() for t in layer.cross_attn.memory_kv(memory)] for layer in self.decoder]
         rows, h, dh = memory.size(0) * beam, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        empty = [new_buffer((steps, rows, h, dh), memory) for _ in range(2 * len(self.decoder))]
+        empty = [memory.new_empty((steps, rows, h, dh)) for _ in range(2 * len(self.decoder))]
         return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], empty[0::2], empty[1::2], src_mask,
                             beam=beam)
 

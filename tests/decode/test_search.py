@@ -231,36 +231,3 @@ def test_finished_sentences_leave_the_batch_together_and_change_no_translation(a
             assert one.tokens == alone[i][1].tokens and one.logprob == pytest.approx(alone[i][1].logprob, abs=1e-5)
     assert left[1.0] == [] and left[0.25] and len(left[0.25]) < len(left[0.0])
     assert all(after <= 0.75 * before for before, after in left[0.25]), left[0.25]
-
-
-@pytest.mark.parametrize("beam", [1, 3])
-def test_a_translations_batches_decode_in_the_buffers_of_the_batches_before(beam, monkeypatch):
-    """Each batch's cache is made in the buffers the previous batches' searches handed back (a new buffer's
-    pages are faulted in at its first write), with the translations of fresh buffers, and none are held after."""
-    import contextlib
-
-    import mt.decode.search as search
-    import mt.model.cache
-
-    model = tiny_model(seed=6)
-    monkeypatch.setattr(search, "FEW_ROWS", 0)
-    start, taken = model.start_cache, []
-
-    def recording(*args, **kwargs):  # how many of the buffers handed back each new cache took
-        before = len(mt.model.cache._local.spare)
-        cache = start(*args, **kwargs)
-        taken.append(before - len(mt.model.cache._local.spare))
-        return cache
-
-    model.start_cache = recording
-    src = sources(n=24, seed=9)
-    srcs = [row[:int((row != PAD).sum()) - 1].tolist() for row in src]  # without their EOS, as translate_ids takes
-    opts = search.SearchOptions(beam, 0.6, 1.0, 4, batch_tokens=40)
-    reused = search.translate_ids(model, srcs, opts, torch.device("cpu"))
-    assert len(taken) > 2 and taken[0] == 0 and sum(taken) >= len(taken) - 1
-    assert getattr(mt.model.cache._local, "spare", None) is None
-    monkeypatch.setattr(search, "reusing_buffers", contextlib.nullcontext)
-    model.start_cache = start
-    fresh = search.translate_ids(model, srcs, opts, torch.device("cpu"))
-    assert [[h.tokens for h in hs] for hs in reused] == [[h.tokens for h in hs] for hs in fresh]
-    assert [h.score for hs in reused for h in hs] == pytest.approx([h.score for hs in fresh for h in hs], abs=1e-5)
