@@ -139,7 +139,7 @@ def fast_paths(model: nn.Module) -> list[str]:
         found.append("linear: frozen, weights transposed" + (", packed for oneDNN" if use_onednn() else ""))
         narrowing = MKL_NARROWING_FROM_ROWS.get(torch.backends.cpu.get_cpu_capability())
         if use_onednn() and narrowing:
-            found.append(f"linear: down-projections through MKL from {narrowing} rows")
+            found.append(f"linear: large down-projections through MKL from {narrowing} rows")
     if quantized(model):
         found.append("linear: int8 per output channel, dynamically quantized")
     if Dropout in kinds:

@@ -124,18 +124,21 @@ def min_macs(rule: tuple[int, int], weight_size: int) -> int:
 
 
 # From this many rows, MKL multiplies by a narrowing weight (in >= 2 x out: a feed-forward layer's down-projection)
-# faster than oneDNN against its packed copy, by the CPU's vector width; not measured with AVX-512, where oneDNN keeps
-# them (docs/performance.md).
+# of at least NARROWING_MIN_SIZE elements faster than oneDNN against its packed copy, by the CPU's vector width; not
+# measured with AVX-512, where oneDNN keeps them. A smaller one (512 -> 256) decoded faster in oneDNN
+# (docs/performance.md).
 MKL_NARROWING_FROM_ROWS = {"AVX2": 128}
+NARROWING_MIN_SIZE = 1024 * 256
 
 
 def onednn_pays(rows: int, weight_t: Tensor) -> bool:
     """Whether oneDNN is the faster kernel for `rows` inputs against `weight_t`, (in, out) as `FrozenLinear` holds it:
     not for the few rows of a decoding step, where its fixed cost per call outweighs the work, nor, with AVX2, for
-    a narrowing weight's many rows."""
+    a large narrowing weight's many rows."""
     capability = torch.backends.cpu.get_cpu_capability()
     rule = ONEDNN_MIN_PRODUCT.get(capability, (0, 0))
-    if weight_t.size(0) >= 2 * weight_t.size(1) and rows >= MKL_NARROWING_FROM_ROWS.get(capability, rows + 1):
+    if (weight_t.size(0) >= 2 * weight_t.size(1) and weight_t.numel() >= NARROWING_MIN_SIZE
+            and rows >= MKL_NARROWING_FROM_ROWS.get(capability, rows + 1)):
         return False
     return rows >= rule[0] and rows * weight_t.numel() >= min_macs(rule, weight_t.numel())
 

@@ -128,7 +128,7 @@ def test_a_wrong_kernel_override_is_refused_with_the_choices(monkeypatch):
 def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capability):
     """oneDNN's fixed cost per call outweighs its faster kernel on a lone sentence's step, and on a weight small
     enough for MKL to multiply from the L2 cache: those products go to MKL, a batch's to oneDNN, and both compute
-    the layer. With AVX2, MKL also takes a down-projection's products from 128 rows (a beam 4 batch of 32)."""
+    the layer. With AVX2, MKL also takes a large down-projection's products from 128 rows (a beam 4 batch of 32)."""
     force_cpu_matmul(monkeypatch, "onednn")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     calls = []
@@ -137,7 +137,7 @@ def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capa
                                         ((512, 2048), 64, "onednn"), ((256, 256), 16, "mkl"),
                                         ((256, 256), 64, "onednn"), ((2048, 512), 127, "onednn"),
                                         ((2048, 512), 128, "mkl" if capability == "AVX2" else "onednn"),
-                                        ((512, 2048), 256, "onednn")):
+                                        ((512, 2048), 256, "onednn"), ((512, 256), 256, "onednn")):
         plain = nn.Linear(n_in, n_out)
         frozen = mt.model.fast.FrozenLinear(plain)
         x = torch.randn(rows, 1, n_in)
@@ -180,7 +180,7 @@ def test_bench_says_whether_decoding_multiplies_by_packed_weights(monkeypatch, k
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     paths = mt.model.fast.fast_paths(for_inference(tiny_model(), "fp32"))
     assert ("linear: frozen, weights transposed, packed for oneDNN" in paths) == (kernel == "onednn")
-    assert ("linear: down-projections through MKL from 128 rows" in paths) == (kernel == "onednn")
+    assert ("linear: large down-projections through MKL from 128 rows" in paths) == (kernel == "onednn")
     assert any(path.startswith("linear: frozen, weights transposed") for path in paths)
 
 
