@@ -39,7 +39,7 @@ from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
 
 # The share of a running batch's rows that must be finished before they leave it: until then they decode on, their
-# outputs ignored. Each leaving copies every kept row's cache, which costs more than a few finished rows' decoding
+# outputs ignored. Each leaving copies every kept row's cache: a quarter at a time copies a third as much
 # (docs/performance.md).
 COMPACT_AT = 0.25
 
