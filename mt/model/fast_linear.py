@@ -5,7 +5,7 @@ Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it, and 
 model's decoding matrices faster than MKL's too (docs/performance.md). Decoding multiplies by weights packed once
 in oneDNN's layout (`pack_for_onednn`) on x86 CPUs that are not Intel's and have AVX2 or AVX-512, except for a lone
 row or a small weight's few rows (`onednn_pays`): oneDNN's fixed cost per call outweighs its faster kernel there,
-and MKL takes them, as it takes a down-projection's hundred rows and more with AVX2. `Linear` is an `nn.Linear`
+and MKL takes them, as it takes a large down-projection's hundred rows and more with AVX2. `Linear` is an `nn.Linear`
 (same parameters, same checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN where decoding's
 do and the CPU has AVX-512; with AVX2 alone MKL trains faster (`onednn_trains`). The choices are facts of the
 machine, not timings, so every process on it computes the same numbers (resuming a run continues it bitwise).
