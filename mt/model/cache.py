@@ -98,9 +98,10 @@ def compacted(buf: Tensor, picked: Tensor, rows: int) -> Tensor:
     be faulted in and zeroed by the kernel (over 32 MiB, glibc maps them afresh), at every later write too; these
     are already in use. Position chunks are gathered in turn: chunk [t0, t1) lands below t1 * B, where no position
     not yet gathered lies."""
-    new = buf.view(-1)[:buf.size(0) * rows * buf[0, 0].numel()].view(buf.size(0), rows, *buf.shape[2:])
+    row = buf[0, 0].numel()
+    new = buf.view(-1)[:buf.size(0) * rows * row].view(buf.size(0), rows, *buf.shape[2:])
     source, target = as_rows(buf), as_rows(new)
-    per_chunk = max(1, CHUNK // (rows * buf[0, 0].numel())) * rows
+    per_chunk = max(1, CHUNK // (rows * row)) * rows
     for start in range(0, picked.numel(), per_chunk):
         part = picked[start:start + per_chunk]
         target[start:start + part.numel()] = source.index_select(0, part)

@@ -137,8 +137,9 @@ def onednn_pays(rows: int, weight_t: Tensor) -> bool:
     a large narrowing weight's many rows."""
     capability = torch.backends.cpu.get_cpu_capability()
     rule = ONEDNN_MIN_PRODUCT.get(capability, (0, 0))
-    if (weight_t.size(0) >= 2 * weight_t.size(1) and weight_t.numel() >= NARROWING_MIN_SIZE
-            and rows >= MKL_NARROWING_FROM_ROWS.get(capability, rows + 1)):
+    narrowing_from = MKL_NARROWING_FROM_ROWS.get(capability)
+    if (narrowing_from is not None and rows >= narrowing_from and weight_t.size(0) >= 2 * weight_t.size(1)
+            and weight_t.numel() >= NARROWING_MIN_SIZE):
         return False
     return rows >= rule[0] and rows * weight_t.numel() >= min_macs(rule, weight_t.numel())
 
