@@ -62,7 +62,7 @@ class Plan:
 
     device: str
     preset: str  # base on a GPU; tiny on a CPU
-    precision: str = "bf16"  # of the training parts
+    precision: str = "bf16"  # of the training parts; fp32 on a CPU, as many CPUs only emulate bf16
     shape_tokens: int = 16384  # shapes: train.max_tokens of the batches (padded tokens a batch)
     shape_batches: int = 24  # shapes: the first batches of epoch 0
     run_tokens: int = 16384  # run: train.max_tokens
@@ -95,11 +95,11 @@ def make_plan(device: str, quick: bool, budget: float) -> Plan:
     """The plan for `device`: on a GPU the issue's settings, each count scaled by --budget (of BUDGET) and halved by
     --quick; on a CPU the tiny one, whatever --quick and --budget say."""
     if device == "cpu":
-        return Plan("cpu", "tiny", shape_tokens=512, shape_batches=2, run_tokens=512, run_epochs=0, run_steps=2,
-                    run_log_every=1, train_tokens=512, train_batches=2, rounds=1, compile_backend="eager",
-                    compile_passes=2, matmul_size=256, decode_batches=(4,), decode_sentences=4, src_len=8, tgt_len=8,
-                    runs=1, checkpoint_precisions=("fp32",), checkpoint_batches=(4,), checkpoint_lines=4,
-                    checkpoint_runs=1, reserve=0.0, threads=1,
+        return Plan("cpu", "tiny", precision="fp32", shape_tokens=512, shape_batches=2, run_tokens=512,
+                    run_epochs=0, run_steps=2, run_log_every=1, train_tokens=512, train_batches=2, rounds=1,
+                    compile_backend="eager", compile_passes=2, matmul_size=256, decode_batches=(4,),
+                    decode_sentences=4, src_len=8, tgt_len=8, runs=1, checkpoint_precisions=("fp32",),
+                    checkpoint_batches=(4,), checkpoint_lines=4, checkpoint_runs=1, reserve=0.0, threads=1,
                     prepare_options=["--vocab-size", "1000", "--spm-sentences", "3000"])
     scale = min(1.0, budget / BUDGET) * (0.5 if quick else 1.0)
 
