@@ -96,7 +96,7 @@ def make_plan(device: str, quick: bool, budget: float) -> Plan:
     --quick; on a CPU the tiny one, whatever --quick and --budget say."""
     if device == "cpu":
         return Plan("cpu", "tiny", precision="fp32", shape_tokens=512, shape_batches=2, run_tokens=512,
-                    run_epochs=0, run_steps=2, run_log_every=1, train_tokens=512, train_batches=2, rounds=1,
+                    run_epochs=0, run_steps=2, run_log_every=1, train_tokens=512, train_batches=1, rounds=1,
                     compile_backend="eager", compile_passes=2, matmul_size=256, decode_batches=(4,),
                     decode_sentences=4, src_len=8, tgt_len=8, runs=1, checkpoint_precisions=("fp32",),
                     checkpoint_batches=(4,), checkpoint_lines=4, checkpoint_runs=1, reserve=0.0, threads=1,
