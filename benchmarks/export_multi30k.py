@@ -4,7 +4,9 @@
    output limit for all: the lines whose tokens differ from mt's are listed.
 2. Each engine's beam size and length penalty chosen on valid (its own penalty: GNMT for mt, length^alpha for the
    others), then test2016 BLEU with that choice; mt int8 and CTranslate2 int8 / int8_float32 beside them.
-3. The time to translate the 1,000 test sentences, every engine in turn, `--rounds` times; medians.
+3. The time to translate the 1,000 test sentences with that choice: each engine in a fresh process, one untimed
+   run, then one timed; the engines in turn, `--rounds` times; medians. (In one process, an engine run after
+   CTranslate2 ran slower: docs/benchmarks.md, machine C.)
 
     python benchmarks/export_multi30k.py CHECKPOINT [--mirror ../shared/data] [--limit N] > export.json
 
@@ -17,6 +19,7 @@ import argparse
 import gzip
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +36,8 @@ from mt.decode.translate import translate_lines
 from mt.export.convert import export
 
 FIXED_LIMIT = 128  # the one output limit of the token-for-token comparison
+ENGINES = ("mt fp32", "mt int8", "ctranslate2 float32", "ctranslate2 int8", "ctranslate2 int8_float32",
+           "huggingface fp32")
 
 
 def main() -> None:
@@ -43,17 +48,26 @@ def main() -> None:
     parser.add_argument("--beams", default="4,5")
     parser.add_argument("--len-penalties", default="0.6,1.0,1.4")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--time", nargs=4, metavar=("ENGINE", "EXPORTS", "BEAM", "LEN_PENALTY"),
+                        help=argparse.SUPPRESS)  # in a timing process of its own: one engine, its seconds printed
     args = parser.parse_args()
     langs = load_model(args.checkpoint).state["langs"]
     sets = {name: [read(args.mirror / "multi30k" / f"{name}.{lang}.gz", args.limit) for lang in langs.values()]
             for name in ("val", "test_2016_flickr")}
+    if args.time:
+        name, exports, beam, len_penalty = args.time
+        print(json.dumps({"seconds": timed_once(load_engine(name, args.checkpoint, Path(exports)),
+                                                sets["test_2016_flickr"][0], int(beam), float(len_penalty))}))
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        engines = load_engines(args.checkpoint, Path(tmp))
+        export_all(args.checkpoint, Path(tmp))
+        engines = {name: load_engine(name, args.checkpoint, Path(tmp)) for name in ENGINES}
         report = {"checkpoint": str(args.checkpoint), "threads": torch.get_num_threads(),
                   "identical_greedy": identical_greedy(engines, sets["test_2016_flickr"][0])}
         grid = [(b, lp) for b in map(int, args.beams.split(",")) for lp in map(float, args.len_penalties.split(","))]
         report["quality"] = quality(engines, sets, grid)
-        report["seconds"] = timings(engines, sets["test_2016_flickr"][0], report["quality"], args.rounds)
+        del engines  # their memory, while the timing processes run
+        report["seconds"] = timings(args, Path(tmp), report["quality"])
     json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
     print()
 
@@ -64,15 +78,22 @@ def read(path: Path, limit: int) -> list[str]:
     return lines[:limit] if limit else lines
 
 
-def load_engines(checkpoint: Path, tmp: Path) -> dict:
-    """Each engine as a function (lines, beam, len_penalty, max_len_a, max_len_b) → [token ids per line]."""
-    engines = {"mt fp32": mt_engine(load_model(checkpoint, precision="fp32")),
-               "mt int8": mt_engine(load_model(checkpoint, precision="int8"))}
+def export_all(checkpoint: Path, exports: Path) -> None:
+    """The CTranslate2 exports, one per quantization, and the Hugging Face one, into `exports`."""
     for quantization in ("float32", "int8", "int8_float32"):
-        directory = export(checkpoint, "ctranslate2", tmp / f"ct2-{quantization}", quantization)
-        engines[f"ctranslate2 {quantization}"] = mt_engine(load_exported(directory))
-    engines["huggingface fp32"] = huggingface_engine(export(checkpoint, "huggingface", tmp / "hf"))
-    return engines
+        export(checkpoint, "ctranslate2", exports / f"ctranslate2-{quantization}", quantization)
+    export(checkpoint, "huggingface", exports / "huggingface")
+
+
+def load_engine(name: str, checkpoint: Path, exports: Path):
+    """Engine `name` (one of ENGINES) as a function (lines, beam, len_penalty, max_len_a, max_len_b) → [token ids
+    per line]; the exported ones from `export_all`'s folder."""
+    family, kind = name.split()
+    if family == "mt":
+        return mt_engine(load_model(checkpoint, precision=kind))
+    if family == "ctranslate2":
+        return mt_engine(load_exported(exports / f"ctranslate2-{kind}"))
+    return huggingface_engine(exports / "huggingface")
 
 
 def mt_engine(loaded):
@@ -142,17 +163,30 @@ def bleu(run, pair: list[list[str]], beam: int, len_penalty: float) -> float:
     return round(sacrebleu.corpus_bleu(run.decode(run(sources, beam, len_penalty)), [refs]).score, 2)
 
 
-def timings(engines: dict, sources: list[str], settings: dict, rounds: int) -> dict:
-    """Seconds to translate `sources` with each engine's chosen setting, the engines in turn, median of rounds."""
-    times: dict[str, list[float]] = {name: [] for name in engines}
-    for _ in range(rounds):
-        for name, run in engines.items():
-            started = time.perf_counter()
-            run(sources, settings[name]["beam"], settings[name]["len_penalty"])
-            times[name].append(time.perf_counter() - started)
+def timings(args: argparse.Namespace, exports: Path, settings: dict) -> dict:
+    """Seconds to translate test2016 with each engine's chosen setting, each time in a fresh process (`timed_once`),
+    the engines in turn; the median of `args.rounds`."""
+    times: dict[str, list[float]] = {name: [] for name in ENGINES}
+    for _ in range(args.rounds):
+        for name in ENGINES:
+            command = [sys.executable, __file__, str(args.checkpoint), "--mirror", str(args.mirror), "--limit",
+                       str(args.limit), "--time", name, str(exports), str(settings[name]["beam"]),
+                       str(settings[name]["len_penalty"])]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"timing {name} failed:\n{done.stderr[-2000:]}")
+            times[name].append(json.loads(done.stdout)["seconds"])
     medians = {name: round(statistics.median(t), 2) for name, t in times.items()}
-    log(f"seconds (median of {rounds}): {medians}")
+    log(f"seconds (median of {args.rounds}, each in a fresh process): {medians}")
     return medians
+
+
+def timed_once(run, sources: list[str], beam: int, len_penalty: float) -> float:
+    """The seconds of one run over `sources`, after an untimed one (which loads what loads lazily)."""
+    run(sources, beam, len_penalty)
+    started = time.perf_counter()
+    run(sources, beam, len_penalty)
+    return time.perf_counter() - started
 
 
 def log(message: str) -> None:
