@@ -1,4 +1,5 @@
-"""The whole pipeline through the real command line on a slice of Multi30k: prepare → train → translate → evaluate."""
+"""The whole pipeline through the command line on a slice of Multi30k: prepare → train → translate → evaluate, the
+first three each a process of its own, the recipe's later steps through Typer's runner."""
 
 import gzip
 import json
