@@ -38,6 +38,17 @@ ALWAYS_INLINE __m256i tail_mask(int n) { /* the first n lanes of 8 (all of them 
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* The first n of 8 floats at p (n >= 8: all of them), loaded and stored; masked only for a tail, since a masked
+ * store costs many cycles on AMD's CPUs. */
+ALWAYS_INLINE __m256 load_upto(const float *p, int n) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask(n));
+}
+
+ALWAYS_INLINE void store_upto(float *p, int n, __m256 v) {
+    if (n >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, tail_mask(n), v);
+}
+
 /* fp32: R rows' sums for one panel of 16 outputs (its weights, (in, 16), lie in one run), kept in registers over
  * all inputs, each weight read once for all R rows; added into y. A lone row sums odd and even inputs apart, so that
  * four chains of multiply-adds run side by side. */
@@ -65,8 +76,8 @@ ALWAYS_INLINE void f32_panel(const float *x, int in, const float *w, const int R
     for (int r = 0; r < R; r++) {
         float *yr = y + (size_t)r * out + o;
         for (int k = 0; k < 2 && o + 8 * k < out; k++) { /* the last panel may hold fewer than 16 outputs */
-            __m256i m = tail_mask(out - o - 8 * k);
-            _mm256_maskstore_ps(yr + 8 * k, m, _mm256_add_ps(_mm256_maskload_ps(yr + 8 * k, m), a[r][k]));
+            int left = out - o - 8 * k;
+            store_upto(yr + 8 * k, left, _mm256_add_ps(load_upto(yr + 8 * k, left), a[r][k]));
         }
     }
 }
@@ -244,16 +255,15 @@ static void linear_i8(const float *x, int rows, int in, int out, Linear l, float
         }
     }
     for (int o = 0; o < out; o += 8) {
-        __m256i m = tail_mask(out - o);
-        __m256 scale = _mm256_maskload_ps(l.scale + o, m);
-        __m256 bias = l.bias ? _mm256_maskload_ps(l.bias + o, m) : _mm256_setzero_ps();
+        __m256 scale = load_upto(l.scale + o, out - o);
+        __m256 bias = l.bias ? load_upto(l.bias + o, out - o) : _mm256_setzero_ps();
         __m256i sums = _mm256_loadu_si256((const __m256i *)(l.sums + o));
         for (int r = 0; r < rows; r++) {
             __m256i exact = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + (size_t)r * padded + o)),
                                              _mm256_mullo_epi32(sums, _mm256_set1_epi32(zx[r])));
             __m256 sum = _mm256_cvtepi32_ps(exact);
             __m256 v = _mm256_fmadd_ps(sum, _mm256_mul_ps(scale, _mm256_set1_ps(sx[r])), bias);
-            _mm256_maskstore_ps(y + (size_t)r * out + o, m, v);
+            store_upto(y + (size_t)r * out + o, out - o, v);
         }
     }
 }
