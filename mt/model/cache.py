@@ -36,9 +36,9 @@ class DecoderCache:
 
         Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block. While
         all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
-        their row). Fewer rows, or most of them moved, are gathered to the front of the same buffers
-        (`compacted`). Either way this cache's buffers are reused, as `decode_step` reuses them: this cache
-        must not be used again.
+        their row): in C for the C decoding step's few rows, however many move. Fewer rows, or most of them
+        moved, are gathered to the front of the same buffers (`compacted`). Either way this cache's buffers are
+        reused, as `decode_step` reuses them: this cache must not be used again.
         """
         width = self.self_k[0].size(1)
 
@@ -49,10 +49,9 @@ class DecoderCache:
         if sentences is None and rows.numel() == width and self.move_rows is not None:  # a few rows, copied in C
             listed = rows.tolist()
             moved = [i for i, r in enumerate(listed) if r != i]
-            if len(moved) < width // 2:
-                if moved:
-                    self.move_rows(self, moved, [listed[i] for i in moved])
-                return self
+            if moved:  # however many: C copies only them, each a few contiguous floats a position
+                self.move_rows(self, moved, [listed[i] for i in moved])
+            return self
         elif sentences is None and rows.numel() == width:
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
             if moved.numel() < width // 2:

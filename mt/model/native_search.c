@@ -29,6 +29,12 @@ int mt_move_rows(void *const *buffers, int n_buffers, int length, int rows, int 
     return 0;
 }
 
+/* The first n of 8 floats at p (n >= 8: all of them). */
+ALWAYS_INLINE __m256 load_upto(const float *p, int n) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
 /* e^x in eight lanes, to within a few units in the last place (Cephes' expf: x = n ln 2 + r, a polynomial in r). */
 ALWAYS_INLINE __m256 exp8(__m256 x) {
     x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
@@ -46,25 +52,37 @@ ALWAYS_INLINE __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
 }
 
-/* Beam search's candidates: for each of `rows` rows of logits, (rows, vocab), its `width` most likely tokens, best
- * first (the lower token first among equals), and their log-probabilities, log-softmax over the whole row. */
-void mt_top_logprobs(const float *logits, int rows, int vocab, int width, float *values, int64_t *tokens) {
+/* Beam search's candidates: for each of `rows` rows of logits, (rows, vocab), its `width` most likely tokens other
+ * than `barred` (-1: none), best first (the lower token first among equals), and their log-probabilities,
+ * log-softmax over the whole row. */
+void mt_top_logprobs(const float *logits, int rows, int vocab, int width, int barred, float *values,
+                     int64_t *tokens) {
     for (int r = 0; r < rows; r++) {
         const float *x = logits + (size_t)r * vocab;
         float *best = values + (size_t)r * width;
         int64_t *at = tokens + (size_t)r * width;
         int found = 0;
-        for (int i = 0; i < vocab; i++) { /* kept sorted: most rows' tokens fall below the last kept at once */
-            if (found == width && !(x[i] > best[width - 1])) continue;
-            int j = found < width ? found++ : width - 1;
-            for (; j > 0 && x[i] > best[j - 1]; j--) best[j] = best[j - 1], at[j] = at[j - 1];
-            best[j] = x[i], at[j] = i;
+        float bar = -INFINITY; /* what a token must pass to be kept: the last kept one, once `width` are */
+        int i = 0;
+        for (; i < vocab; i += 8) { /* eight at a time: most rows' tokens fall below the bar at once */
+            int lanes = vocab - i < 8 ? vocab - i : 8;
+            unsigned passed = (unsigned)_mm256_movemask_ps(
+                _mm256_cmp_ps(load_upto(x + i, lanes), _mm256_set1_ps(bar), _CMP_GT_OQ)) & ((1u << lanes) - 1);
+            if (found < width) passed = (1u << lanes) - 1; /* -inf and NaN too, until `width` are kept */
+            for (; passed; passed &= passed - 1) {
+                int k = i + __builtin_ctz(passed);
+                if (k == barred || (found == width && !(x[k] > best[width - 1]))) continue;
+                int j = found < width ? found++ : width - 1;
+                for (; j > 0 && x[k] > best[j - 1]; j--) best[j] = best[j - 1], at[j] = at[j - 1];
+                best[j] = x[k], at[j] = k;
+                if (found == width) bar = best[width - 1];
+            }
         }
         for (; found < width; found++) best[found] = -INFINITY, at[found] = 0; /* a vocabulary under `width` */
-        float top = best[0];
+        float top = best[0]; /* the row's largest, as exp's range wants it */
+        if (barred >= 0 && barred < vocab && x[barred] > top) top = x[barred];
         __m256 lanes = _mm256_setzero_ps(), shift = _mm256_set1_ps(top);
-        int i = 0;
-        for (; i + 8 <= vocab; i += 8) lanes = _mm256_add_ps(lanes, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
+        for (i = 0; i + 8 <= vocab; i += 8) lanes = _mm256_add_ps(lanes, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
         float sums[8], total = 0.0f;
         _mm256_storeu_ps(sums, lanes);
         for (int k = 0; k < 8; k++) total += sums[k];

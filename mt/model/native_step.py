@@ -103,7 +103,7 @@ def load() -> ctypes.CDLL | None:
     lib.mt_step.restype = i32
     lib.mt_move_rows.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer, i32]
     lib.mt_move_rows.restype = i32
-    lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, pointer, pointer]
+    lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer]
     lib.mt_top_logprobs.restype = None
     lib.mt_int8_panel.restype = i32
     lib.instruction_set = isa
@@ -278,17 +278,20 @@ class NativeDecodeStep:
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam, self.move_rows)
 
-    def top_logprobs(self, logits: Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
-        """Each row's `width` most likely tokens, best first, and their log-probabilities (log-softmax over the row),
-        in one call into C: what beam search over a few rows ranks (mt/decode/few_rows.py)."""
+    def top_logprobs(self, logits: Tensor, width: int,
+                     barred: int | None = None) -> tuple[list[list[float]], list[list[int]]]:
+        """Each row's `width` most likely tokens other than `barred`, best first, and their log-probabilities
+        (log-softmax over the whole row), in one call into C: what beam search over a few rows ranks
+        (mt/decode/few_rows.py)."""
         if width < 1 or logits.dim() != 2 or logits.device.type != "cpu":
             raise ValueError(f"the C ranking takes CPU logits (rows, vocabulary) and width >= 1, not "
                              f"{tuple(logits.shape)} on {logits.device} and width {width}")
         logits = logits.float().contiguous()
         rows, vocab = logits.shape
-        values, tokens = torch.empty(rows, width), torch.empty(rows, width, dtype=torch.int64)
-        self.top(logits.data_ptr(), rows, vocab, width, values.data_ptr(), tokens.data_ptr())
-        return values.tolist(), tokens.tolist()
+        values, tokens = (ctypes.c_float * (rows * width))(), (ctypes.c_int64 * (rows * width))()
+        self.top(logits.data_ptr(), rows, vocab, width, -1 if barred is None else barred, values, tokens)
+        return ([values[r * width:(r + 1) * width] for r in range(rows)],
+                [tokens[r * width:(r + 1) * width] for r in range(rows)])
 
     def move_rows(self, cache: DecoderCache, to: list[int], sources: list[int]) -> None:
         """`DecoderCache.select`'s copies of the rows beam search moves, in place, in one call into C: a few rows of

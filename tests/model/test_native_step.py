@@ -221,7 +221,7 @@ def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_p
         mt.model.native_step.load.cache_clear()
 
 
-@pytest.mark.parametrize("rows", [[0, 1, 1, 3, 4, 5], [1, 0, 2, 3, 4, 5], [0, 3, 3, 1, 4, 5]])  # the last: copied
+@pytest.mark.parametrize("rows", [[0, 1, 1, 3, 4, 5], [1, 0, 2, 3, 4, 5], [0, 3, 3, 1, 4, 5], [5, 4, 3, 2, 1, 0]])
 def test_rows_beam_search_moves_are_moved_in_c_as_in_pytorch(rows):
     native, _ = models("fp32")
     g = torch.Generator().manual_seed(0)
