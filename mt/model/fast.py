@@ -24,7 +24,7 @@ Decoding (`for_inference`):
 - `compile_decoding` (opt-in, `--compile`): the decoding step compiled by torch.compile, its small ops fused, for
   a few rows.
 - `mt.model.native_step.NativeDecodeStep`: on x86 CPUs with AVX2, the whole decoding step in C for up to a few
-  rows (a lone sentence, a small beam), fp32 or int8.
+  rows (a lone sentence, a small beam), fp32 or int8; `NativeEncode` beside it, the encoder for a few sentences.
 
 Switches (environment variables):
 - `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
@@ -161,6 +161,11 @@ def fast_paths(model: nn.Module) -> list[str]:
     if native is not None:
         found.append(f"decoding step: C ({native.instruction_set}), {native.precision}, up to {native.max_rows} row"
                      + ("s" if native.max_rows > 1 else ""))
+    encoder = next((m.encode for m in model.modules()
+                    if isinstance(getattr(m, "encode", None), mt.model.native_step.NativeEncode)), None)
+    if encoder is not None:
+        found.append(f"encoder: C, up to {encoder.max_rows} source positions "
+                     f"({mt.model.native_step.ENCODE_MAX_ROWS_THREADED} on more than one thread)")
     return found
 
 

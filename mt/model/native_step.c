@@ -116,14 +116,22 @@ ALWAYS_INLINE void f32_panels512(const float *x, int in, const float *w, const i
         }
 }
 
-ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, float *y) {
+/* `blocks` blocks of R rows side by side, each group of panels for every block in turn: its weights stay in the
+ * nearest cache while they pass. */
+ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, int blocks, float *y) {
     int o = 0;
-    for (; o + 16 < out; o += 32) f32_panels512(x, in, w + (size_t)o * in, R, 2, y, out, o);
-    if (o < out) f32_panels512(x, in, w + (size_t)o * in, R, 1, y, out, o);
+    for (; o + 16 < out; o += 32)
+        for (int b = 0; b < blocks; b++)
+            f32_panels512(x + (size_t)b * R * in, in, w + (size_t)o * in, R, 2, y + (size_t)b * R * out, out, o);
+    if (o < out)
+        for (int b = 0; b < blocks; b++)
+            f32_panels512(x + (size_t)b * R * in, in, w + (size_t)o * in, R, 1, y + (size_t)b * R * out, out, o);
 }
 #else
-ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, float *y) {
-    for (int o = 0; o < out; o += 16) f32_panel(x, in, w + (size_t)o * in, R, y, out, o);
+ALWAYS_INLINE void f32_rows(const float *x, int in, int out, const float *w, const int R, int blocks, float *y) {
+    for (int o = 0; o < out; o += 16)
+        for (int b = 0; b < blocks; b++)
+            f32_panel(x + (size_t)b * R * in, in, w + (size_t)o * in, R, y + (size_t)b * R * out, out, o);
 }
 #endif
 
@@ -133,15 +141,14 @@ static void linear_f32(const float *x, int rows, int in, int out, Linear l, floa
         if (l.bias) memcpy(y + (size_t)r * out, l.bias, sizeof(float) * out);
         else memset(y + (size_t)r * out, 0, sizeof(float) * out);
     }
-    for (int r = 0; r < rows; r += 4) {
-        const float *xr = x + (size_t)r * in;
-        float *yr = y + (size_t)r * out;
-        switch (rows - r) {
-        case 1: f32_rows(xr, in, out, l.weight, 1, yr); break;
-        case 2: f32_rows(xr, in, out, l.weight, 2, yr); break;
-        case 3: f32_rows(xr, in, out, l.weight, 3, yr); break;
-        default: f32_rows(xr, in, out, l.weight, 4, yr);
-        }
+    int full = rows / 4 * 4;
+    if (full) f32_rows(x, in, out, l.weight, 4, full / 4, y);
+    const float *xr = x + (size_t)full * in;
+    float *yr = y + (size_t)full * out;
+    switch (rows - full) {
+    case 1: f32_rows(xr, in, out, l.weight, 1, 1, yr); break;
+    case 2: f32_rows(xr, in, out, l.weight, 2, 1, yr); break;
+    case 3: f32_rows(xr, in, out, l.weight, 3, 1, yr); break;
     }
 }
 
@@ -230,12 +237,18 @@ ALWAYS_INLINE void i8_panels(const uint8_t *q, int in, int groups, const int8_t 
         for (int k = 0; k < P; k++) sums_store(acc + (size_t)r * padded + (size_t)(panel + k) * PANEL, a[r][k]);
 }
 
-/* All panels for R rows: P panels at a time, as many as the registers hold beside R rows' sums. */
-ALWAYS_INLINE void i8_rows(const uint8_t *q, int in, const int8_t *w, const int R, int32_t *acc, int padded) {
+/* All panels for `blocks` blocks of R rows side by side: P panels at a time, as many as the registers hold beside
+ * R rows' sums, each group of panels for every block in turn (its weights stay in the nearest cache meanwhile). */
+ALWAYS_INLINE void i8_rows(const uint8_t *q, int in, const int8_t *w, const int R, int blocks, int32_t *acc,
+                           int padded) {
     const int P = R == 1 ? 4 : R == 2 ? 3 : 2;
     int panels = padded / PANEL, groups = in / 4, p = 0;
-    for (; p + P <= panels; p += P) i8_panels(q, in, groups, w, p, R, P, acc, padded);
-    for (; p < panels; p++) i8_panels(q, in, groups, w, p, R, 1, acc, padded);
+    for (; p + P <= panels; p += P)
+        for (int b = 0; b < blocks; b++)
+            i8_panels(q + (size_t)b * R * in, in, groups, w, p, R, P, acc + (size_t)b * R * padded, padded);
+    for (; p < panels; p++)
+        for (int b = 0; b < blocks; b++)
+            i8_panels(q + (size_t)b * R * in, in, groups, w, p, R, 1, acc + (size_t)b * R * padded, padded);
 }
 
 /* int8: y (rows, out) = the int32 products of quantized x and w less the zero point's share, times both scales,
@@ -244,15 +257,14 @@ static void linear_i8(const float *x, int rows, int in, int out, Linear l, float
                       int32_t *zx, int32_t *acc) {
     int padded = (out + PANEL - 1) / PANEL * PANEL;
     quantize_rows(x, rows, in, q, sx, zx);
-    for (int r = 0; r < rows; r += 4) {
-        const uint8_t *qr = q + (size_t)r * in;
-        int32_t *ar = acc + (size_t)r * padded;
-        switch (rows - r) {
-        case 1: i8_rows(qr, in, l.weight, 1, ar, padded); break;
-        case 2: i8_rows(qr, in, l.weight, 2, ar, padded); break;
-        case 3: i8_rows(qr, in, l.weight, 3, ar, padded); break;
-        default: i8_rows(qr, in, l.weight, 4, ar, padded);
-        }
+    int full = rows / 4 * 4;
+    if (full) i8_rows(q, in, l.weight, 4, full / 4, acc, padded);
+    const uint8_t *qr = q + (size_t)full * in;
+    int32_t *ar = acc + (size_t)full * padded;
+    switch (rows - full) {
+    case 1: i8_rows(qr, in, l.weight, 1, 1, ar, padded); break;
+    case 2: i8_rows(qr, in, l.weight, 2, 1, ar, padded); break;
+    case 3: i8_rows(qr, in, l.weight, 3, 1, ar, padded); break;
     }
     for (int o = 0; o < out; o += 8) {
         __m256 scale = load_upto(l.scale + o, out - o);
@@ -270,11 +282,35 @@ static void linear_i8(const float *x, int rows, int in, int out, Linear l, float
 
 typedef struct {
     const int64_t *dims;
+    float *f;      /* the floats of the rows in flight */
     uint8_t *q;    /* int8 activations */
     float *sx;     /* their scales */
     int32_t *zx;   /* their zero points */
     int32_t *acc;  /* their products' sums */
 } Scratch;
+
+/* Working memory for `rows` rows: `floats` floats, and int8's scratch (only there) for products of up to `outputs`
+ * outputs. Returns 0, or -1 when out of memory; scratch_free frees it either way. */
+static int scratch_make(Scratch *m, const int64_t *dims, int rows, size_t floats, size_t outputs) {
+    size_t widest_in = (size_t)(dims[D_FF] > dims[D_MODEL] ? dims[D_FF] : dims[D_MODEL]);
+    *m = (Scratch){dims, malloc(sizeof(float) * floats), NULL, NULL, NULL, NULL};
+    if (dims[INT8]) {
+        m->q = malloc((size_t)rows * widest_in), m->sx = malloc(sizeof(float) * rows);
+        m->zx = malloc(sizeof(int32_t) * rows), m->acc = malloc(sizeof(int32_t) * rows * (outputs + PANEL));
+    }
+    return m->f && (!dims[INT8] || (m->q && m->sx && m->zx && m->acc)) ? 0 : -1;
+}
+
+static void scratch_free(Scratch *m) {
+    free(m->f); free(m->q); free(m->sx); free(m->zx); free(m->acc);
+}
+
+/* 0, or -2 for a token outside the vocabulary. */
+static int known_tokens(const int64_t *tokens, int n, int64_t vocab) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) return -2;
+    return 0;
+}
 
 static void linear(const Scratch *m, const float *x, int rows, int in, int out, void *const *slot, float *y) {
     Linear l = linear_at(slot);
@@ -348,6 +384,19 @@ static void add_residual(const Scratch *m, float *x, const float *y, int rows, v
     if (!m->dims[PRE_NORM]) layer_norm(x, rows, d, norm, eps, x);
 }
 
+/* x += the feed-forward sublayer of x, its norm (`norm`) before (pre-norm) or after; `normed`, `wide` and `mixed`
+ * are scratch for rows of d, d_ff and d floats. */
+static void feed_forward(const Scratch *m, float *x, int rows, void *const *up, void *const *down,
+                         void *const *norm, float eps, float *normed, float *wide, float *mixed) {
+    int d = m->dims[D_MODEL], ff = m->dims[D_FF];
+    const float *in = x;
+    if (m->dims[PRE_NORM]) layer_norm(x, rows, d, norm, eps, normed), in = normed;
+    linear(m, in, rows, d, ff, up, wide);
+    activate(wide, (size_t)rows * ff, m->dims[ACTIVATION]);
+    linear(m, wide, rows, ff, d, down, mixed);
+    add_residual(m, x, mixed, rows, norm, eps);
+}
+
 /* The step for `rows` rows at position t: `beam` rows per sentence, n_src source positions. `caches` holds per
  * layer the self-attention keys and values, (max steps, rows, H, Dh), and the encoder memory's keys and values,
  * (sentences, H, n_src, Dh); `src_mask` (sentences, n_src) is 1 where a source position is not padding. Writes
@@ -359,25 +408,13 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     float eps = eps_scale[0], embed_scale = eps_scale[1];
     size_t widest = (size_t)(3 * d > ff ? 3 * d : ff);
     int longest = t + 1 > n_src ? t + 1 : n_src;
-    float *x = malloc(sizeof(float) * ((size_t)rows * (d + d + widest + d) + longest));
-    size_t outputs = widest > (size_t)dims[VOCAB] ? widest : (size_t)dims[VOCAB], int8 = dims[INT8] != 0;
-    uint8_t *q = int8 ? malloc((size_t)rows * (ff > d ? ff : d)) : NULL; /* int8's scratch, only there */
-    float *sx = int8 ? malloc(sizeof(float) * rows) : NULL;
-    int32_t *zx = int8 ? malloc(sizeof(int32_t) * rows) : NULL;
-    int32_t *acc = int8 ? malloc(sizeof(int32_t) * rows * (outputs + PANEL)) : NULL;
-    int status = 0;
-    if (!x || (int8 && (!q || !sx || !zx || !acc))) {
-        status = -1;
-        goto done;
-    }
-    for (int r = 0; r < rows; r++)
-        if (tokens[r] < 0 || tokens[r] >= dims[VOCAB]) {
-            status = -2;
-            goto done;
-        }
-    float *normed = x + (size_t)rows * d, *wide = normed + (size_t)rows * d, *mixed = wide + (size_t)rows * widest;
-    float *scores = mixed + (size_t)rows * d;
-    Scratch m = {dims, q, sx, zx, acc};
+    size_t outputs = widest > (size_t)dims[VOCAB] ? widest : (size_t)dims[VOCAB];
+    Scratch m;
+    int status = scratch_make(&m, dims, rows, (size_t)rows * (d + d + widest + d) + longest, outputs);
+    if (status == 0) status = known_tokens(tokens, rows, dims[VOCAB]);
+    if (status != 0) goto done;
+    float *x = m.f, *normed = x + (size_t)rows * d, *wide = normed + (size_t)rows * d;
+    float *mixed = wide + (size_t)rows * widest, *scores = mixed + (size_t)rows * d;
     void *const *tail = params + (size_t)n_layers * PER_LAYER;
     const float *embed = tail[EMBED], *position = (const float *)tail[POSITIONS] + (size_t)t * d;
 
@@ -420,17 +457,62 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
         linear(&m, mixed, rows, d, d, p + CROSS_OUT, wide);
         add_residual(&m, x, wide, rows, p + NORM_CROSS, eps);
 
-        in = x;
-        if (dims[PRE_NORM]) layer_norm(x, rows, d, p + NORM_FFN, eps, normed), in = normed;
-        linear(&m, in, rows, d, ff, p + UP, wide);
-        activate(wide, (size_t)rows * ff, dims[ACTIVATION]);
-        linear(&m, wide, rows, ff, d, p + DOWN, mixed);
-        add_residual(&m, x, mixed, rows, p + NORM_FFN, eps);
+        feed_forward(&m, x, rows, p + UP, p + DOWN, p + NORM_FFN, eps, normed, wide, mixed);
     }
     const float *last = x;
     if (dims[PRE_NORM]) layer_norm(x, rows, d, tail + DEC_NORM, eps, normed), last = normed;
     linear(&m, last, rows, d, dims[VOCAB], tail + OUTPUT, logits);
 done:
-    free(x); free(q); free(sx); free(zx); free(acc);
+    scratch_free(&m);
+    return status;
+}
+
+/* The encoder's parameters, as native_step.py lays them out: per encoder layer ENC_PER_LAYER slots (its linear
+ * layers and norms, as the decoder's), then its tail. */
+enum { E_QKV = 0, E_OUT = 4, E_UP = 8, E_DOWN = 12, E_NORM_ATTN = 16, E_NORM_FFN = 18, ENC_PER_LAYER = 20 };
+enum { SRC_EMBED = 0, SRC_POSITIONS = 1, ENC_NORM = 2 };
+
+/* `Transformer.encode` for n sentences of s positions: `tokens` (n, s), `src_mask` (n, s) 1 where a position is not
+ * padding; `dims` as the step's, with the encoder's layers and the source vocabulary. Writes the encoder's output,
+ * (n, s, d), into `memory`. Returns 0; -1 when out of memory, -2 for a token outside the vocabulary. */
+int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, int n, int s, const int64_t *tokens,
+              const uint8_t *src_mask, float *memory) {
+    int d = dims[D_MODEL], h = dims[HEADS], dh = d / h, ff = dims[D_FF], n_layers = dims[LAYERS], rows = n * s;
+    float eps = eps_scale[0], embed_scale = eps_scale[1];
+    size_t widest = (size_t)(3 * d > ff ? 3 * d : ff);
+    Scratch m;
+    int status = scratch_make(&m, dims, rows, (size_t)rows * (d + widest + d) + s, widest);
+    if (status == 0) status = known_tokens(tokens, rows, dims[VOCAB]);
+    if (status != 0) goto done;
+    float *x = memory, *normed = m.f, *wide = normed + (size_t)rows * d, *mixed = wide + (size_t)rows * widest;
+    float *scores = mixed + (size_t)rows * d;
+    void *const *tail = params + (size_t)n_layers * ENC_PER_LAYER;
+    const float *embed = tail[SRC_EMBED], *positions = tail[SRC_POSITIONS];
+
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < d; i++)
+            x[(size_t)r * d + i] = embed[tokens[r] * d + i] * embed_scale + positions[(size_t)(r % s) * d + i];
+
+    for (int layer = 0; layer < n_layers; layer++) {
+        void *const *p = params + (size_t)layer * ENC_PER_LAYER;
+        const float *in = x;
+        if (dims[PRE_NORM]) layer_norm(x, rows, d, p + E_NORM_ATTN, eps, normed), in = normed;
+        linear(&m, in, rows, d, 3 * d, p + E_QKV, wide); /* (rows, 3, H, Dh) */
+        for (int r = 0; r < rows; r++) {
+            const float *first = wide + (size_t)(r - r % s) * 3 * d; /* the sentence's first position */
+            for (int head = 0; head < h; head++) {
+                size_t at = (size_t)head * dh;
+                attend(wide + (size_t)r * 3 * d + at, first + d + at, first + 2 * d + at, (size_t)3 * d, s,
+                       src_mask + (size_t)(r / s) * s, dh, scores, mixed + (size_t)r * d + at);
+            }
+        }
+        linear(&m, mixed, rows, d, d, p + E_OUT, wide);
+        add_residual(&m, x, wide, rows, p + E_NORM_ATTN, eps);
+
+        feed_forward(&m, x, rows, p + E_UP, p + E_DOWN, p + E_NORM_FFN, eps, normed, wide, mixed);
+    }
+    if (dims[PRE_NORM]) layer_norm(x, rows, d, tail + ENC_NORM, eps, x);
+done:
+    scratch_free(&m);
     return status;
 }

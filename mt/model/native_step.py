@@ -1,5 +1,5 @@
-"""The decoding step in C, for a few rows on x86 CPUs with AVX2: `Transformer.decode_step` (the target embedding,
-the decoder layers, the output layer) in one call to native_step.c, fp32 or int8.
+"""The decoding step in C, and the encoder, for a few rows on x86 CPUs with AVX2: `Transformer.decode_step` (the
+target embedding, the decoder layers, the output layer) in one call to native_step.c, fp32 or int8.
 
 Why: a lone sentence's step is some twenty products of one vector with a weight matrix and a hundred small
 operations around them. Through PyTorch each costs microseconds of dispatch whatever its size, and its one-row
@@ -7,17 +7,18 @@ products read the weights at half the speed the memory allows (docs/performance.
 reading its weights costs. It reads its own copy of the decoder's weights, packed in panels of outputs so that a
 few rows' sums stay in registers while the weights stream in memory order: one more byte per weight in int8, four in
 fp32. Beside the step the library holds beam search's two helpers for a few rows (native_search.c: each row's best
-tokens and log-probabilities, the cache rows a step moves; mt/decode/few_rows.py).
+tokens and log-probabilities, the cache rows a step moves; mt/decode/few_rows.py), and the encoder (`mt_encode`):
+for a lone sentence PyTorch's encoder likewise spends more time dispatching than multiplying.
 
 `install(model, precision)` (called by `mt.model.fast.for_inference`) swaps `NativeDecodeStep` in for the
-`decode_step` of each Transformer in the model: up to `max_rows` rows it runs the C step, above them, or under
-autocast, PyTorch's. The C source is compiled once per machine by the system's C compiler into `$MT_CACHE/native`
-(default ~/.cache/mt/native): for AVX2, or for AVX-512 with VNNI where PyTorch runs AVX-512 and the CPU has VNNI
-(int8's sums of four products then take one instruction). Without a compiler, on a CPU without AVX2 and FMA, or
-with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here multiplies the weights PyTorch quantized by activations
-quantized a row at a time, unsigned with a zero point: to 8 bits with VNNI, to 7 with AVX2, whose pairs of products
-would otherwise saturate (PyTorch's own int8 layers likewise keep activations to 7 bits, but scale a whole batch at
-once): the same weights, slightly different rounding.
+`decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`: up to `max_rows` rows (source
+positions) they run in C, above them, or under autocast, in PyTorch. The C source is compiled once per machine by
+the system's C compiler into `$MT_CACHE/native` (default ~/.cache/mt/native): for AVX2, or for AVX-512 with VNNI
+where PyTorch runs AVX-512 and the CPU has VNNI (int8's sums of four products then take one instruction). Without
+a compiler, on a CPU without AVX2 and FMA, or with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here multiplies
+the weights PyTorch quantized by activations quantized a row at a time, unsigned with a zero point: to 8 bits with
+VNNI, to 7 with AVX2, whose pairs of products would otherwise saturate (PyTorch's own int8 layers likewise keep
+activations to 7 bits, but scale a whole batch at once): the same weights, slightly different rounding.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from mt.data.tokenizer import PAD
 from mt.errors import MtError
 from mt.model.cache import DecoderCache
 from mt.model.transformer import Transformer
@@ -48,6 +50,10 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 ACTIVATIONS = {"relu": 0, "gelu": 1, "swish": 2}
 PER_LAYER = 30  # parameter slots per decoder layer, in native_step.c's order
+ENC_PER_LAYER = 20  # and per encoder layer
+# Source positions (sentences x length) up to which the C encoder is the faster, on one of PyTorch's threads and on
+# more (the C encoder runs on one): 8 sentences, or a lone one (docs/performance.md)
+ENCODE_MAX_ROWS, ENCODE_MAX_ROWS_THREADED = 256, 32
 PRECISIONS = ("fp32", "int8")
 STALE_DAYS = 30  # a library of another source or flags built this long ago goes when a new one is built
 
@@ -106,6 +112,8 @@ def load() -> ctypes.CDLL | None:
     lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer]
     lib.mt_top_logprobs.restype = None
     lib.mt_int8_panel.restype = i32
+    lib.mt_encode.argtypes = [pointer, pointer, pointer, i32, i32, pointer, pointer, pointer]
+    lib.mt_encode.restype = i32
     lib.instruction_set = isa
     return lib
 
@@ -154,6 +162,7 @@ def install(model: nn.Module, precision: str) -> None:
                 and supported(module, precision) and library() is not None):
             module.decode_step = NativeDecodeStep(module, precision,
                                                   max_rows(module, precision, library().instruction_set))
+            module.encode = NativeEncode(module, precision, ENCODE_MAX_ROWS)
 
 
 def max_rows(model: Transformer, precision: str, instruction_set: str) -> int:
@@ -180,42 +189,49 @@ def supported(model: Transformer, precision: str) -> bool:
 
 
 def norm_eps(model: Transformer) -> set[float]:
-    return {m.eps for m in [*model.decoder.modules(), model.dec_norm] if isinstance(m, nn.LayerNorm)}
+    return {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)}
 
 
-class NativeDecodeStep:
-    """`Transformer.decode_step` through native_step.c for up to `max_rows` rows, the model's own for more."""
+class Layout:
+    """The decoder's weights (`part` "decoder") or the encoder's ("encoder") as native_step.c reads them: the
+    parameter slots, the sizes, the epsilon and the embedding scale, each tensor pointed into kept alive with this;
+    laid out again when the model's weights change (`current`)."""
 
-    def __init__(self, model: Transformer, precision: str, max_rows: int):
-        self.model, self.plain = model, model.decode_step
-        self.max_rows, self.precision = max_rows, precision
-        self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
-        self.watched = (model.decoder[0].self_attn.qkv, model.output)  # looked up once: a step is microseconds
-        lib = library()
-        self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
-                                                                 lib.instruction_set)
-        self.int8_panel = lib.mt_int8_panel()  # outputs per panel of the packed int8 weights: 8, or 16 with AVX-512
-        self.layout()
+    def __init__(self, model: Transformer, precision: str, part: str):
+        self.model, self.precision, self.part = model, precision, part
+        self.panel = library().mt_int8_panel()  # outputs per panel of the packed int8 weights: 8, or 16 with AVX-512
+        first = model.decoder[0] if part == "decoder" else model.encoder[0]
+        last = model.output if part == "decoder" else model.encoder[-1].ffn.down
+        self.watched = (first.self_attn.qkv, last)  # looked up once: a step is microseconds
+        self.lay_out()
 
-    def layout(self) -> None:
-        """Points the C step at the model's weights as they are now (`sources` notes them, to see a change)."""
+    def lay_out(self) -> None:
+        """Points the C code at the model's weights as they are now (`sources` notes them, to see a change)."""
         model, cfg = self.model, self.model.cfg
-        self.keep: list[Tensor] = []  # every tensor the C step points into stays alive with it
+        self.keep: list[Tensor] = []  # every tensor the C code points into stays alive with it
         slots = []
-        for layer in model.decoder:
-            for linear in (layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out,
-                           layer.ffn.up, layer.ffn.down):
-                slots += self.linear_slots(linear)
-            for residual in (layer.res_self, layer.res_cross, layer.res_ffn):
-                slots += self.norm_slots(residual.norm)
-        slots += [self.kept(model.tgt_embed.weight), self.kept(model.positions)]
-        slots += self.norm_slots(model.dec_norm) + self.linear_slots(model.output)
-        if len(slots) != cfg.n_dec_layers * PER_LAYER + 8:
-            raise RuntimeError("the C decoding step's parameter slots do not match native_step.c's layout")
+        if self.part == "decoder":
+            for layer in model.decoder:
+                for linear in (layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out,
+                               layer.ffn.up, layer.ffn.down):
+                    slots += self.linear(linear)
+                for residual in (layer.res_self, layer.res_cross, layer.res_ffn):
+                    slots += self.norm(residual.norm)
+            slots += [self.kept(model.tgt_embed.weight), self.kept(model.positions)]
+            slots += self.norm(model.dec_norm) + self.linear(model.output)
+            layers, vocab, expected = cfg.n_dec_layers, cfg.tgt_vocab_size, cfg.n_dec_layers * PER_LAYER + 8
+        else:
+            for layer in model.encoder:
+                for linear in (layer.self_attn.qkv, layer.self_attn.out, layer.ffn.up, layer.ffn.down):
+                    slots += self.linear(linear)
+                slots += self.norm(layer.res_attn.norm) + self.norm(layer.res_ffn.norm)
+            slots += [self.kept(model.src_embed.weight), self.kept(model.positions)] + self.norm(model.enc_norm)
+            layers, vocab, expected = cfg.n_enc_layers, cfg.src_vocab_size, cfg.n_enc_layers * ENC_PER_LAYER + 4
+        if len(slots) != expected:
+            raise RuntimeError(f"the C {self.part}'s parameter slots do not match native_step.c's layout")
         self.params = (ctypes.c_void_p * len(slots))(*slots)
-        self.dims = self.kept(torch.tensor([cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_dec_layers, cfg.tgt_vocab_size,
-                                            cfg.norm == "pre", ACTIVATIONS[cfg.activation], self.precision == "int8"],
-                                           dtype=torch.int64))
+        self.dims = self.kept(torch.tensor([cfg.d_model, cfg.n_heads, cfg.d_ff, layers, vocab, cfg.norm == "pre",
+                                            ACTIVATIONS[cfg.activation], self.precision == "int8"], dtype=torch.int64))
         self.eps_scale = self.kept(torch.tensor([next(iter(norm_eps(model)), 1e-5), model.scale], dtype=torch.float32))
         self.sources = self.weights_now()
 
@@ -230,34 +246,47 @@ class NativeDecodeStep:
 
     def current(self) -> bool:
         """Whether the laid-out weights are still the model's, laid out again if they can be; False when the model is
-        no longer one the C step computes (converted to another dtype, say)."""
+        no longer one the C code computes (converted to another dtype, say)."""
         now = self.weights_now()
         if all(a is b and p == q for (a, p), (b, q) in zip(now, self.sources, strict=True)):
             return True
         if not supported(self.model, self.precision):
             return False
-        self.layout()
+        self.lay_out()
         return True
 
     def kept(self, t: Tensor | None) -> int | None:
-        """The address of t's data (None for None), t kept alive as long as this step."""
+        """The address of t's data (None for None), t kept alive as long as this layout."""
         if t is None:
             return None
         t = t.detach().contiguous()
         self.keep.append(t)
         return t.data_ptr()
 
-    def norm_slots(self, norm: nn.Module) -> list[int | None]:
+    def norm(self, norm: nn.Module) -> list[int | None]:
         if isinstance(norm, nn.LayerNorm):
             return [self.kept(norm.weight), self.kept(norm.bias)]
         return [None, None]  # post-norm's final norm is nn.Identity: never read
 
-    def linear_slots(self, layer: nn.Module) -> list[int | None]:
+    def linear(self, layer: nn.Module) -> list[int | None]:
         """A linear layer's four slots (weight, int8 scales, int8 column sums, bias), in native_step.c's layout."""
         if self.precision == "int8":
-            weight, scale, sums, bias = int8_packed(layer, self.int8_panel)
+            weight, scale, sums, bias = int8_packed(layer, self.panel)
             return [self.kept(weight), self.kept(scale), self.kept(sums), self.kept(bias)]
         return [self.kept(f32_packed(layer.weight_t)), None, None, self.kept(layer.bias)]
+
+
+class NativeDecodeStep:
+    """`Transformer.decode_step` through native_step.c for up to `max_rows` rows, the model's own for more."""
+
+    def __init__(self, model: Transformer, precision: str, max_rows: int):
+        self.model, self.plain = model, model.decode_step
+        self.max_rows, self.precision = max_rows, precision
+        self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
+        lib = library()
+        self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
+                                                                 lib.instruction_set)
+        self.weights = Layout(model, precision, "decoder")
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
@@ -267,7 +296,8 @@ class NativeDecodeStep:
         rows, t = tokens.size(0), cache.length
         src_mask = cache.src_mask.contiguous()
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)
-        status = self.step(self.dims, self.eps_scale, self.params, rows, t, cache.beam, src_mask.size(-1),
+        w = self.weights
+        status = self.step(w.dims, w.eps_scale, w.params, rows, t, cache.beam, src_mask.size(-1),
                            tokens.long().contiguous().data_ptr(),
                            (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers]), src_mask.data_ptr(),
                            logits.data_ptr())
@@ -315,7 +345,34 @@ class NativeDecodeStep:
                 or t >= min(k.size(0), self.max_len) or k.size(1) != rows
                 or cache.mem_k[0].size(0) * cache.beam != rows or cache.src_mask.dtype != torch.bool):
             return False
-        return all(b.dtype == torch.float32 and b.is_contiguous() for b in buffers) and self.current()
+        return all(b.dtype == torch.float32 and b.is_contiguous() for b in buffers) and self.weights.current()
+
+
+class NativeEncode:
+    """`Transformer.encode` through native_step.c for batches of up to `max_rows` source positions, the model's own
+    for more."""
+
+    def __init__(self, model: Transformer, precision: str, max_rows: int):
+        self.model, self.plain, self.max_rows = model, model.encode, max_rows
+        self.encode = library().mt_encode
+        self.weights = Layout(model, precision, "encoder")
+
+    def __call__(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        n, s = src.shape
+        limit = self.max_rows if torch.get_num_threads() == 1 else min(self.max_rows, ENCODE_MAX_ROWS_THREADED)
+        if (n * s > limit or src.device.type != "cpu" or s > self.model.cfg.max_len or self.model.training
+                or torch.is_autocast_enabled("cpu") or not self.weights.current()):
+            return self.plain(src)
+        src_mask = (src != PAD)[:, None, None, :]
+        memory = torch.empty(n, s, self.model.cfg.d_model)
+        w = self.weights
+        status = self.encode(w.dims, w.eps_scale, w.params, n, s, src.long().contiguous().data_ptr(),
+                             src_mask.contiguous().data_ptr(), memory.data_ptr())
+        if status == -2:
+            return self.plain(src)  # a token outside the vocabulary: PyTorch's embedding says so
+        if status != 0:
+            raise MemoryError("the C encoder could not allocate its working memory")
+        return memory, src_mask
 
 
 def f32_packed(weight_t: Tensor) -> Tensor:

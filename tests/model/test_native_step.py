@@ -17,7 +17,7 @@ from mt.data.tokenizer import BOS, EOS
 from mt.decode.search import beam_search, greedy
 from mt.model.cache import DecoderCache
 from mt.model.fast import fast_paths, for_inference
-from mt.model.native_step import NativeDecodeStep, library
+from mt.model.native_step import NativeDecodeStep, NativeEncode, library
 
 from ..conftest import tiny_model
 
@@ -200,9 +200,11 @@ def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
 def test_switched_off_and_named(monkeypatch):
     model = for_inference(tiny_model(), "fp32")
     assert f"decoding step: C ({library().instruction_set}), fp32, up to 8 rows" in fast_paths(model)
+    assert "encoder: C, up to 256 source positions (32 on more than one thread)" in fast_paths(model)
     assert not isinstance(for_inference(tiny_model(), "bf16").decode_step, NativeDecodeStep)
     monkeypatch.setenv("MT_NATIVE", "0")
-    assert not isinstance(for_inference(tiny_model(), "fp32").decode_step, NativeDecodeStep)
+    plain = for_inference(tiny_model(), "fp32")
+    assert not isinstance(plain.decode_step, NativeDecodeStep) and not isinstance(plain.encode, NativeEncode)
     monkeypatch.setenv("MT_NATIVE", "2")
     with pytest.raises(mt.errors.MtError, match="MT_NATIVE"):
         mt.model.native_step.enabled()
@@ -281,3 +283,49 @@ def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
         assert ours[1] == theirs[1]
         torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(theirs[0]), rtol=1e-5, atol=1e-5)
         assert (EOS in ours[1][0]) != bar_eos  # the row whose best token is EOS
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(norm="pre", activation="gelu"), dict(activation="swish"),
+                                     dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
+def test_fp32_encoder_in_c_equals_pytorch_s(changes):
+    native, _ = models("fp32", **changes)
+    src = pad(SOURCES, [], [])  # three sentences, two of them padded
+    memory, mask = native.encode(src)
+    theirs, their_mask = native.encode.plain(src)
+    assert torch.equal(mask, their_mask)
+    kept = mask[:, 0, 0, :]
+    torch.testing.assert_close(memory[kept], theirs[kept], rtol=1e-5, atol=1e-5)  # padding's rows are read by none
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
+def test_int8_encoder_multiplies_rows_quantized_each_on_its_own(changes):
+    native, plain = models("int8", **changes)
+    for name, module in list(plain.named_modules()):
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            parent, _, child = name.rpartition(".")
+            setattr(plain.get_submodule(parent), child, RowInt8Linear(module))
+    src = pad(SOURCES, [], [])
+    memory, mask = native.encode(src)
+    theirs, _ = plain.encode.plain(src)
+    kept = mask[:, 0, 0, :]
+    torch.testing.assert_close(memory[kept], theirs[kept], rtol=1e-4, atol=1e-4)
+
+
+def test_what_the_c_encoder_cannot_take_is_pytorch_s(monkeypatch):
+    """More positions than it takes, a token outside the vocabulary, a model back in training (dropout): PyTorch's
+    encoder answers (or refuses)."""
+    native, _ = models("fp32")
+    called = []
+    plain = native.encode.plain
+    monkeypatch.setattr(native.encode, "plain", lambda src: called.append(src.numel()) or plain(src))
+    src = pad(SOURCES, [], [])
+    native.encode.max_rows = src.numel() - 1
+    native.encode(src)
+    native.encode.max_rows = src.numel()
+    native.encode(src)
+    assert called == [src.numel()]
+    with pytest.raises(IndexError):
+        native.encode(torch.tensor([[5, 40 + 5, EOS]]))
+    native.train()
+    native.encode(src)
+    assert called[-1] == src.numel()
