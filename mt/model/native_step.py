@@ -294,11 +294,11 @@ class NativeDecodeStep:
         if not self.fits(tokens, cache, buffers):
             return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
         rows, t = tokens.size(0), cache.length
-        src_mask = cache.src_mask.contiguous()
+        # Held in names until C has read them: a temporary's memory is freed as soon as its address is taken.
+        ids, src_mask = tokens.long().contiguous(), cache.src_mask.contiguous()
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)
         w = self.weights
-        status = self.step(w.dims, w.eps_scale, w.params, rows, t, cache.beam, src_mask.size(-1),
-                           tokens.long().contiguous().data_ptr(),
+        status = self.step(w.dims, w.eps_scale, w.params, rows, t, cache.beam, src_mask.size(-1), ids.data_ptr(),
                            (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers]), src_mask.data_ptr(),
                            logits.data_ptr())
         if status == -2:
@@ -363,11 +363,11 @@ class NativeEncode:
         if (n * s > limit or src.device.type != "cpu" or s > self.model.cfg.max_len or self.model.training
                 or torch.is_autocast_enabled("cpu") or not self.weights.current()):
             return self.plain(src)
-        src_mask = (src != PAD)[:, None, None, :]
+        ids, src_mask = src.long().contiguous(), (src != PAD)[:, None, None, :]  # held while C reads them
         memory = torch.empty(n, s, self.model.cfg.d_model)
         w = self.weights
-        status = self.encode(w.dims, w.eps_scale, w.params, n, s, src.long().contiguous().data_ptr(),
-                             src_mask.contiguous().data_ptr(), memory.data_ptr())
+        status = self.encode(w.dims, w.eps_scale, w.params, n, s, ids.data_ptr(), src_mask.data_ptr(),
+                             memory.data_ptr())
         if status == -2:
             return self.plain(src)  # a token outside the vocabulary: PyTorch's embedding says so
         if status != 0:
