@@ -77,14 +77,19 @@ def test_int8_step_multiplies_rows_quantized_each_on_its_own(changes):
     activations of each row quantized to unsigned integers with a zero point over [min(x, 0), max(x, 0)], to 256
     levels where the library sums with VNNI and 128 with AVX2, the weights PyTorch quantized."""
     native, plain = models("int8", **changes)
-    for name, module in list(plain.named_modules()):
-        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
-            parent, _, child = name.rpartition(".")
-            setattr(plain.get_submodule(parent), child, RowInt8Linear(module))
+    quantized_by_row(plain)
     seen = checked(native, plain, rtol=1e-4, atol=1e-4)
     beam_search(plain, pad(SOURCES, [], []), beam=2, max_len_a=0.0, max_len_b=10)
     greedy(plain, pad(SOURCES[:1], [], []), max_len_a=0.0, max_len_b=10)
     assert {6, 1} <= set(seen)
+
+
+def quantized_by_row(model: nn.Module) -> None:
+    """Replaces each of the model's int8 layers by `RowInt8Linear`, in place."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, RowInt8Linear(module))
 
 
 class RowInt8Linear(nn.Module):
@@ -300,10 +305,7 @@ def test_fp32_encoder_in_c_equals_pytorch_s(changes):
 @pytest.mark.parametrize("changes", [dict(), dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
 def test_int8_encoder_multiplies_rows_quantized_each_on_its_own(changes):
     native, plain = models("int8", **changes)
-    for name, module in list(plain.named_modules()):
-        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
-            parent, _, child = name.rpartition(".")
-            setattr(plain.get_submodule(parent), child, RowInt8Linear(module))
+    quantized_by_row(plain)
     src = pad(SOURCES, [], [])
     memory, mask = native.encode(src)
     theirs, _ = plain.encode.plain(src)
