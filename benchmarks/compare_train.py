@@ -40,8 +40,8 @@ from mt.config import Config, ModelConfig
 from mt.data.batches import Batch, collate, epoch_batches
 from mt.data.ids import Split
 from mt.data.tokenizer import EOS, PAD
+from mt.fast.paths import for_training
 from mt.memory import keep_freed_memory
-from mt.model.fast import for_training
 from mt.model.transformer import Transformer
 from mt.options import TrainBench
 from mt.train import distributed

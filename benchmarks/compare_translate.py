@@ -26,8 +26,9 @@ from mt.bench import PRESETS, VOCAB, preset_model
 from mt.data.batches import pad
 from mt.data.tokenizer import EOS
 from mt.decode.search import beam_search, greedy
+from mt.fast.compiled import compile_decoding
+from mt.fast.paths import for_inference
 from mt.memory import keep_freed_memory
-from mt.model.fast import compile_decoding, for_inference
 
 
 def timed(run, runs: int) -> float:

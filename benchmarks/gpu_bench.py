@@ -207,7 +207,7 @@ def batch_settings(batches: list, max_tokens: int, device: torch.device) -> dict
 def mt_trainer(cfg, device: torch.device, amp: torch.dtype | None):
     """mt's model as `mt train` trains it (`for_training`, fused Adam, `train_step`) and its step: step(batch)
     steps the model, step(batch, module) a wrapper of it (torch.compile's) with the same optimizer."""
-    from mt.model.fast import for_training
+    from mt.fast.paths import for_training
     from mt.model.transformer import Transformer
     from mt.train.loop import train_step
     from mt.train.optim import adam
@@ -348,7 +348,7 @@ def part_throughput(part: Part) -> None:
     timed passes (the systems in turn, their order rotating); then mt compiled, as train.compile does it."""
     from mt.bench import matmul_peak, train_flops
     from mt.device import attention_backends, attention_kernels, autocast_dtype
-    from mt.model.fast import fast_paths
+    from mt.fast.paths import fast_paths
 
     plan, device = part.plan, part.device
     peak = matmul_peak("bf16", device, size=plan.matmul_size)
@@ -484,7 +484,7 @@ def part_decode(part: Part) -> None:
 
     from mt.bench import VOCAB, preset_model
     from mt.decode.search import SearchOptions
-    from mt.model.fast import fast_paths, for_inference
+    from mt.fast.paths import fast_paths, for_inference
 
     plan, device = part.plan, part.device
     g = torch.Generator().manual_seed(0)

@@ -1,6 +1,6 @@
 """Where decoding's fp32 products should go: MKL against a weight stored (in, out), or oneDNN against a weight
 packed once in its own layout, by rows and weight shape, on one thread unless --threads says more (`FrozenLinear`,
-`onednn_pays` in mt/model/fast_linear.py).
+`onednn_pays` in mt/fast/linear.py).
 
     python benchmarks/linear_crossover.py [--threads 1] [--rows 1 2 4 ...] [--cold]
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from mt.model.fast_linear import onednn_mm, pack_for_onednn
+from mt.fast.linear import onednn_mm, pack_for_onednn
 
 SHAPES = [(256, 256), (256, 768), (256, 1024), (1024, 256), (256, 8000),
           (512, 512), (512, 1536), (512, 2048), (2048, 512), (512, 8000)]

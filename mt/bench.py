@@ -4,7 +4,7 @@ Translation: random-weight presets do the same work as trained models because th
 is barred until `tgt_len` tokens, then forced). With `--checkpoint C --input F`, a real model translates a real
 test set at its real lengths instead. Timing: one warm-up run, then the median of `runs` timed runs.
 
-Training: `train_step` on the model `mt train` trains (`mt.model.fast.for_training`), on fixed-shape batches or a
+Training: `train_step` on the model `mt train` trains (`mt.fast.paths.for_training`), on fixed-shape batches or a
 prepared corpus's real ones, reported with its FLOPs and MFU against the machine's own matmul peak.
 `write_readme_table` puts a table between markers in any markdown file (`--readme docs/benchmarks.md`).
 """
@@ -33,8 +33,9 @@ from mt.decode.search import SearchOptions, autocast, beam_search, greedy
 from mt.decode.translate import compiled, translate_lines
 from mt.device import autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
-from mt.model.fast import PRECISIONS, compile_decoding, fast_paths, for_inference, for_training
-from mt.model.fast_linear import onednn_available, onednn_mm, onednn_trains, use_onednn
+from mt.fast.compiled import compile_decoding
+from mt.fast.linear import onednn_available, onednn_mm, onednn_trains, use_onednn
+from mt.fast.paths import PRECISIONS, fast_paths, for_inference, for_training
 from mt.model.transformer import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
 from mt.train.loop import train_step
@@ -240,7 +241,7 @@ def machine(device: torch.device) -> dict:
 
 
 def cpu_matmul() -> str:
-    """The fp32 CPU matmul kernel mt's linear layers use here, for decoding and training (mt/model/fast_linear.py)."""
+    """The fp32 CPU matmul kernel mt's linear layers use here, for decoding and training (mt/fast/linear.py)."""
     decoding, training = ("onednn" if chosen() else "mkl" for chosen in (use_onednn, onednn_trains))
     return decoding if decoding == training else f"{decoding} decoding, {training} training"
 
@@ -248,7 +249,7 @@ def cpu_matmul() -> str:
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
     """The machine's own measured matmul FLOP/s in this precision (the MFU denominator), multiplied as a linear
     layer multiplies (x @ W^T); in fp32 on a CPU the faster of PyTorch's two kernels, MKL and oneDNN (see
-    mt/model/fast_linear.py), so the choice of kernel cannot flatter the MFU. Where bf16 is emulated (an AVX2-only
+    mt/fast/linear.py), so the choice of kernel cannot flatter the MFU. Where bf16 is emulated (an AVX2-only
     CPU), `a @ b` in bf16 takes a fallback far slower than the linear layers' product, and oneDNN's linear kernel
     has no bf16 at all: neither is a peak."""
 

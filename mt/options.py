@@ -22,7 +22,7 @@ class TranslateRequest:
     len_penalty: float | None = None
     nbest: int = 1
     batch_tokens: int | None = None
-    precision: str = "fp32"  # one of mt.model.fast.PRECISIONS
+    precision: str = "fp32"  # one of mt.fast.paths.PRECISIONS
     device: str = DEVICE
     threads: int = 0  # 0: PyTorch's choice
     encoding_errors: str = "strict"  # or replace: what to do with bytes that are not UTF-8
@@ -32,7 +32,7 @@ class TranslateRequest:
     head: int | None = None  # within `layer`: None is the mean of its heads
     engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
     to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
-    compile: bool = False  # torch.compile the decoding step (mt.model.fast.compile_decoding)
+    compile: bool = False  # torch.compile the decoding step (mt.fast.compiled.compile_decoding)
     format: str = "lines"  # or a document: text (paragraphs), html, srt (mt/decode/documents.py)
     glossary: Path | None = None  # a TSV of terms: source term, tab, target term (mt/decode/glossary.py)
     glossary_method: str | None = None  # constrain or replace; None: the best the model can do

@@ -1,5 +1,5 @@
 """A checkpoint made ready to translate with: its model (one, an ensemble, or one reranked by others, with the
-inference fast paths of mt/model/fast.py unless loaded plain), config and tokenizers. The file format itself is
+inference fast paths of mt/fast/ unless loaded plain), config and tokenizers. The file format itself is
 mt/checkpoint.py's."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from mt.config import Config, from_dict
 from mt.data.tokenizer import Tokenizer
 from mt.decode.ensemble import Ensemble
 from mt.decode.rerank import Channel, Reranked
-from mt.model.fast import for_inference
+from mt.fast.paths import for_inference
 from mt.model.transformer import Transformer, count_parameters
 
 
 @dataclass
 class Loaded:
-    """A checkpoint ready to translate with: its model (with the inference fast paths of mt/model/fast.py, unless loaded
+    """A checkpoint ready to translate with: its model (with the inference fast paths of mt/fast/, unless loaded
     plain), config and tokenizers."""
 
     model: torch.nn.Module
@@ -41,7 +41,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", precision: 
 
 def from_state(state: dict[str, Any], device: torch.device | str = "cpu", precision: str | None = "fp32") -> Loaded:
     """A checkpoint's state (as `load` returns it) made ready to translate with in `precision` (see
-    `mt.model.fast.for_inference`); precision None keeps the plain model."""
+    `mt.fast.paths.for_inference`); precision None keeps the plain model."""
     cfg = from_dict(state["config"])
     members = [built(cfg, one, device, precision) for one in state.get("members") or [state["model"]]]
     parameters = sum(count for _, count in members)

@@ -43,7 +43,9 @@ from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
 from mt.errors import MtError
-from mt.model.fast import PRECISIONS, compile_decoding, quantized
+from mt.fast.compiled import compile_decoding
+from mt.fast.frozen import quantized
+from mt.fast.paths import PRECISIONS
 from mt.options import TranslateRequest
 
 CHUNK_LINES = 10_000  # lines read ahead and sorted together; bounds memory on endless input
@@ -322,8 +324,8 @@ def encode_lines(loaded: Loaded, lines: list[str], offset: int = 0,
 
 
 def compiled(loaded: Loaded, opts: SearchOptions, device: torch.device) -> Loaded:
-    """`loaded` with its decoding step compiled (`mt.model.fast.compile_decoding`), and compiled now, at load, for the
-    kinds of shape decoding meets: a lone sentence, a batch, and a lone sentence of another length (after which
+    """`loaded` with its decoding step compiled (`mt.fast.compiled.compile_decoding`), and compiled now, at load,
+    for the kinds of shape decoding meets: a lone sentence, a batch, and a lone sentence of another length (after which
     the compiled steps take any length), so that the first lines translated do not wait for the compiler. A
     CTranslate2 export is returned as it is."""
     if "export" in loaded.state:

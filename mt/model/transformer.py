@@ -9,7 +9,7 @@ Conventions, stated once:
 - Incremental decoding passes a `DecoderCache` (mt/model/cache.py) in and gets it back; modules hold no decoding state.
 
 Plain PyTorch throughout: `nn.Linear`, `nn.Dropout`, `F.scaled_dot_product_attention`, `F.cross_entropy`. Faster
-CPU kernels with the same parameters are swapped in from outside by `mt.model.fast.for_training` and `for_inference`.
+CPU kernels with the same parameters are swapped in from outside by `mt.fast.paths.for_training` and `for_inference`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class SelfAttention(nn.Module):
         self.dropout = cfg.attn_dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused: one matmul for queries, keys and values
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
-        # The attention kernels of whole sequences and of one decoding step, attributes so that mt.model.fast can
+        # The attention kernels of whole sequences and of one decoding step, attributes so that mt.fast can
         # swap in faster ones; both compute `attention`.
         self.attend = self.attend_step = attention
 
@@ -208,7 +208,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         if cfg.tie_output:
             self.output.weight = self.tgt_embed.weight
-        # attributes, so that mt.model.fast can swap in faster kernels
+        # attributes, so that mt.fast can swap in faster kernels
         self.output_loss, self.teacher_forced_loss = output_loss, teacher_forced_loss
         self.reset_parameters()
 
@@ -286,7 +286,7 @@ class Transformer(nn.Module):
     def step_layers(self, x: Tensor, self_k: list[Tensor], self_v: list[Tensor], t: int, mem_k: list[Tensor],
                     mem_v: list[Tensor], src_mask: Tensor) -> Tensor:
         """The decoder layers for one step at position t: the last hidden states (B, D) of x (B, 1, D), before the
-        output layer. Tensors and an int in, a tensor out, so that `mt.model.fast.compile_decoding` can compile it
+        output layer. Tensors and an int in, a tensor out, so that `mt.fast.compiled.compile_decoding` can compile it
         whole."""
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, self_k[i], self_v[i], t, mem_k[i], mem_v[i], src_mask)

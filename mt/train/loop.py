@@ -36,7 +36,7 @@ from mt.data.ids import Split
 from mt.data.lines import check_output_dir, read_text
 from mt.device import attention_kernels, autocast, autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
-from mt.model.fast import for_training
+from mt.fast.paths import for_training
 from mt.model.transformer import Transformer, count_parameters
 from mt.runlock import lock_run, unlock_run
 from mt.train import distributed
@@ -116,7 +116,7 @@ def open_run(cfg: Config, out_dir: Path, device: torch.device, resume: bool, pro
 
 
 def build_state(run: Run) -> TrainState:
-    """The model (with the training fast paths of mt/model/fast.py), its optimizer and grad scaler, seeded; on resume,
+    """The model (with the training fast paths of mt/fast/), its optimizer and grad scaler, seeded; on resume,
     everything as the checkpoint left it."""
     train_cfg = run.cfg.train
     random.seed(train_cfg.seed)

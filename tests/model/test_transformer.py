@@ -223,7 +223,7 @@ def test_the_training_loss_is_label_smoothed_cross_entropy_summed_over_real_targ
 @pytest.mark.parametrize("fast", [False, True], ids=["plain", "for_training"])
 def test_an_output_bias_moves_the_logits_and_the_training_loss_with_them(fast):
     """model.output_bias (an imported Marian model's): the bias is added to every logit, and training sees it."""
-    from mt.model.fast import for_training
+    from mt.fast.paths import for_training
 
     plain = tiny_model(activation="swish")
     model = tiny_model(activation="swish", output_bias=True)

@@ -4,9 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-import mt.model.fast
-import mt.model.fast_linear
-import mt.model.fast_loss
+import mt.fast.attention
+import mt.fast.linear
+import mt.fast.loss
+import mt.fast.paths
 import mt.model.transformer
 from mt.bench import preset_model
 from mt.config import DecodeConfig
@@ -15,22 +16,16 @@ from mt.data.tokenizer import BOS, EOS, PAD
 from mt.decode.search import SearchOptions, beam_search, greedy
 from mt.decode.translate import compiled, translate_lines
 from mt.errors import MtError
-from mt.model.fast import (
-    FewRowsCompiled,
-    FrozenLinear,
-    Int8Linear,
-    cpu_training_attention,
-    fast_paths,
-    for_inference,
-    for_training,
-    matmul_attention,
-)
-from mt.model.fast_dropout import Dropout
-from mt.model.fast_linear import Linear
+from mt.fast.attention import cpu_training_attention, matmul_attention
+from mt.fast.compiled import FewRowsCompiled
+from mt.fast.dropout import Dropout
+from mt.fast.frozen import FrozenLinear, Int8Linear
+from mt.fast.linear import Linear
+from mt.fast.paths import fast_paths, for_inference, for_training
 from mt.model.transformer import attention
 
 from ..conftest import tiny_model
-from .test_fast_linear import force_cpu_matmul
+from .test_linear import force_cpu_matmul
 
 pytestmark = pytest.mark.numerics
 
@@ -65,10 +60,10 @@ def attend_with_grads(fn, q, k, v, mask, p_drop, causal):
 @pytest.mark.parametrize("p_drop", [0.0, 0.5])
 @pytest.mark.parametrize("kind", ["causal", "mask", "none"])
 def test_step_by_step_attention_computes_what_sdpa_does(monkeypatch, kind, p_drop, dtype):
-    monkeypatch.setattr(mt.model.fast, "dropout", lambda x, p, training: x)  # the same computation, minus the mask
+    monkeypatch.setattr(mt.fast.attention, "dropout", lambda x, p, training: x)  # the same computation, minus the mask
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     taken = []
-    monkeypatch.setattr(mt.model.fast, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
+    monkeypatch.setattr(mt.fast.attention, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
     q, k, v, mask = qkv_and_mask(kind, dtype)
     ours = attend_with_grads(cpu_training_attention, q, k, v, mask, p_drop, kind == "causal")
     assert taken  # training on CPU over 5 keys, on 2 threads: the step-by-step path
@@ -82,7 +77,7 @@ def test_step_by_step_attention_computes_what_sdpa_does(monkeypatch, kind, p_dro
 def test_one_thread_takes_the_fused_kernel_for_fp32_without_attention_dropout(monkeypatch, dtype, p_drop):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     taken = []
-    monkeypatch.setattr(mt.model.fast, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
+    monkeypatch.setattr(mt.fast.attention, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
     q, k, v, mask = qkv_and_mask("mask", dtype)
     attend_with_grads(cpu_training_attention, q, k, v, mask, p_drop, False)
     assert bool(taken) == (dtype == torch.bfloat16 or p_drop > 0)
@@ -133,7 +128,7 @@ def test_the_model_for_training_computes_the_plain_models_loss_and_gradients(mon
     # Each fast path is in place, so the two models compute through different kernels.
     assert type(fast.output) is Linear and type(fast.decoder[0].ffn.dropout) is Dropout
     assert (fast.decoder[0].cross_attn.attend is cpu_training_attention
-            and fast.output_loss is mt.model.fast_loss.output_loss)
+            and fast.output_loss is mt.fast.loss.output_loss)
     loss, grads = loss_and_grads(fast, dtype)
     plain_loss, plain_grads = loss_and_grads(plain, dtype)
     assert grads.keys() == plain_grads.keys()

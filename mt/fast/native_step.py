@@ -6,12 +6,12 @@ operations around them. Through PyTorch each costs microseconds of dispatch what
 products read the weights at half the speed the memory allows (docs/performance.md). In C the step costs what
 reading its weights costs. It reads its own copy of the decoder's weights, packed in panels of outputs so that a few
 rows' sums stay in registers while the weights stream in memory order: one more byte per weight in int8, four in
-fp32 (mt/model/native_layout.py lays them out). Beside the step the library holds beam search's two helpers for a
+fp32 (mt/fast/native_layout.py lays them out). Beside the step the library holds beam search's two helpers for a
 few rows (native_search.c: each row's best tokens and log-probabilities, the cache rows a step moves;
 mt/decode/few_rows.py), and the encoder (`mt_encode`): for a lone sentence PyTorch's encoder likewise spends more
 time dispatching than multiplying.
 
-`install(model, precision)` (called by `mt.model.fast.for_inference`) swaps `NativeDecodeStep` in for the
+`install(model, precision)` (called by `mt.fast.paths.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`: up to `max_rows` rows (source
 positions) they run in C, above them, or under autocast, in PyTorch. The C source is compiled once per machine by
 the system's C compiler into `$MT_CACHE/native` (default ~/.cache/mt/native): for AVX2, or for AVX-512 with VNNI
@@ -42,8 +42,9 @@ from torch import Tensor, nn
 
 from mt.data.tokenizer import PAD
 from mt.errors import MtError
+from mt.fast.contract import NATIVE_ENCODE, NATIVE_STEP
+from mt.fast.native_layout import Layout, Unreadable, supported
 from mt.model.cache import DecoderCache
-from mt.model.native_layout import Layout, supported
 from mt.model.transformer import Transformer
 
 SOURCES = [Path(__file__).with_name(name) for name in ("native_step.c", "native_search.c")]
@@ -111,6 +112,9 @@ def load() -> ctypes.CDLL | None:
     lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer]
     lib.mt_top_logprobs.restype = None
     lib.mt_int8_panel.restype = i32
+    lib.mt_weight_slots.restype = i32
+    lib.mt_weight_names.argtypes = [i32]
+    lib.mt_weight_names.restype = ctypes.c_char_p
     lib.mt_encode.argtypes = [pointer, pointer, pointer, i32, i32, pointer, pointer, pointer]
     lib.mt_encode.restype = i32
     lib.instruction_set = isa
@@ -157,11 +161,17 @@ def install(model: nn.Module, precision: str) -> None:
     if precision not in PRECISIONS or not enabled():
         return
     for module in model.modules():
-        if (isinstance(module, Transformer) and not isinstance(module.decode_step, NativeDecodeStep)
-                and supported(module, precision) and library() is not None):
-            module.decode_step = NativeDecodeStep(module, precision,
-                                                  max_rows(module, precision, library().instruction_set))
-            module.encode = NativeEncode(module, precision, ENCODE_MAX_ROWS)
+        if not isinstance(module, Transformer) or not supported(module) or library() is None:
+            continue
+        try:
+            if NATIVE_STEP[precision].declines(module.cfg) is None and not isinstance(module.decode_step,
+                                                                                    NativeDecodeStep):
+                module.decode_step = NativeDecodeStep(module, precision,
+                                                      max_rows(module, precision, library().instruction_set))
+            if NATIVE_ENCODE[precision].declines(module.cfg) is None and not isinstance(module.encode, NativeEncode):
+                module.encode = NativeEncode(module, precision, ENCODE_MAX_ROWS)
+        except Unreadable:  # a module its contract accepts but of a kind the C code does not read: PyTorch decodes
+            continue
 
 
 def max_rows(model: Transformer, precision: str, instruction_set: str) -> int:
@@ -189,7 +199,7 @@ class NativeDecodeStep:
         lib = library()
         self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
                                                                  lib.instruction_set)
-        self.weights = Layout(model, precision, "decoder", lib.mt_int8_panel())
+        self.weights = Layout(model, precision, "decoder", lib)
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
         buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
@@ -259,7 +269,7 @@ class NativeEncode:
         self.model, self.plain, self.max_rows = model, model.encode, max_rows
         lib = library()
         self.encode = lib.mt_encode
-        self.weights = Layout(model, precision, "encoder", lib.mt_int8_panel())
+        self.weights = Layout(model, precision, "encoder", lib)
 
     def __call__(self, src: Tensor) -> tuple[Tensor, Tensor]:
         n, s = src.shape

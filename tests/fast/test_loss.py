@@ -3,12 +3,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import mt.model.fast_loss
+import mt.fast.loss
 import mt.model.transformer
 from mt.data.tokenizer import PAD
-from mt.model.fast_loss import label_smoothed_nll, output_loss
+from mt.fast.loss import label_smoothed_nll, output_loss
 
-from .test_fast_linear import force_cpu_matmul
+from .test_linear import force_cpu_matmul
 
 pytestmark = pytest.mark.numerics
 
@@ -47,7 +47,7 @@ def hidden_weight_target(seed=1, n=13):
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_fused_output_loss_computes_the_models_loss(monkeypatch, smoothing, kernel):
     force_cpu_matmul(monkeypatch, kernel)
-    monkeypatch.setattr(mt.model.fast_loss, "BLOCK", 3 * 50)  # blocks of 3 rows: the last one short
+    monkeypatch.setattr(mt.fast.loss, "BLOCK", 3 * 50)  # blocks of 3 rows: the last one short
     hidden, weight, target = hidden_weight_target()
     fused = loss_and_grads(output_loss, hidden, weight, target, smoothing)
     plain = loss_and_grads(mt.model.transformer.output_loss, hidden, weight, target, smoothing)  # F.cross_entropy

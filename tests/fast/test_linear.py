@@ -7,11 +7,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import mt.bench
-import mt.model.fast_linear
+import mt.fast.frozen
+import mt.fast.linear
+import mt.fast.paths
 from mt.data.tokenizer import BOS
 from mt.decode.search import beam_search
-from mt.model.fast import for_inference, for_training
-from mt.model.fast_linear import (
+from mt.fast.linear import (
     Linear,
     OneDnnLinear,
     onednn_available,
@@ -21,6 +22,7 @@ from mt.model.fast_linear import (
     onednn_trains,
     use_onednn,
 )
+from mt.fast.paths import for_inference, for_training
 
 from ..conftest import tiny_model
 
@@ -36,14 +38,14 @@ def force_cpu_matmul(monkeypatch, choice: str) -> None:
         pytest.skip("this PyTorch build has no oneDNN linear")
     monkeypatch.setenv("MT_CPU_MATMUL", choice)
     fresh_kernel_rules(monkeypatch)
-    assert mt.model.fast_linear.use_onednn() == mt.model.fast_linear.onednn_trains() == (choice == "onednn")
+    assert mt.fast.linear.use_onednn() == mt.fast.linear.onednn_trains() == (choice == "onednn")
 
 
 def fresh_kernel_rules(monkeypatch) -> None:
     """The kernel rules decided afresh for this test (caches of their own), wherever they are read: by the layers,
     and by fast_paths and `mt bench`, which report what the layers chose."""
     own, trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)
-    for module in (mt.model.fast_linear, mt.model.fast, mt.bench):
+    for module in (mt.fast.linear, mt.fast.paths, mt.bench):
         monkeypatch.setattr(module, "use_onednn", own)
         monkeypatch.setattr(module, "onednn_trains", trains)
 
@@ -132,14 +134,14 @@ def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capa
     force_cpu_matmul(monkeypatch, "onednn")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     calls = []
-    monkeypatch.setattr(mt.model.fast, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
+    monkeypatch.setattr(mt.fast.frozen, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
     for (n_in, n_out), rows, kernel in (((512, 2048), 1, "mkl"), ((512, 2048), 2, "onednn"),
                                         ((512, 2048), 64, "onednn"), ((256, 256), 16, "mkl"),
                                         ((256, 256), 64, "onednn"), ((2048, 512), 127, "onednn"),
                                         ((2048, 512), 128, "mkl" if capability == "AVX2" else "onednn"),
                                         ((512, 2048), 256, "onednn"), ((512, 256), 256, "onednn")):
         plain = nn.Linear(n_in, n_out)
-        frozen = mt.model.fast.FrozenLinear(plain)
+        frozen = mt.fast.frozen.FrozenLinear(plain)
         x = torch.randn(rows, 1, n_in)
         calls.clear()
         with torch.no_grad():
@@ -153,11 +155,11 @@ def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_onl
     """A batch's decoding products go to oneDNN on both; training's to oneDNN with AVX-512 and to MKL with AVX2
     alone, where MKL trained faster. `mt bench` says which, and the layer computes nn.Linear either way."""
     monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
-    monkeypatch.setattr(mt.model.fast_linear, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(mt.fast.linear, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     fresh_kernel_rules(monkeypatch)
     calls = []
-    for module in (mt.model.fast_linear, mt.model.fast):
+    for module in (mt.fast.linear, mt.fast.frozen):
         monkeypatch.setattr(module, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
     plain, layer = nn.Linear(512, 2048), Linear(512, 2048)
     layer.load_state_dict(plain.state_dict())
@@ -168,7 +170,7 @@ def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_onl
     assert bool(calls) == trains
     calls.clear()
     with torch.no_grad():
-        torch.testing.assert_close(mt.model.fast.FrozenLinear(plain)(x), plain(x), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(mt.fast.frozen.FrozenLinear(plain)(x), plain(x), rtol=1e-5, atol=1e-4)
     assert calls
     assert mt.bench.cpu_matmul() == ("onednn" if trains else "onednn decoding, mkl training")
 
@@ -178,7 +180,7 @@ def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_onl
 def test_bench_says_whether_decoding_multiplies_by_packed_weights(monkeypatch, kernel):
     force_cpu_matmul(monkeypatch, kernel)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    paths = mt.model.fast.fast_paths(for_inference(tiny_model(), "fp32"))
+    paths = mt.fast.paths.fast_paths(for_inference(tiny_model(), "fp32"))
     assert ("linear: frozen, weights transposed, packed for oneDNN" in paths) == (kernel == "onednn")
     assert ("linear: large down-projections through MKL from 128 rows" in paths) == (kernel == "onednn")
     assert any(path.startswith("linear: frozen, weights transposed") for path in paths)
@@ -190,7 +192,7 @@ def test_a_frozen_layer_packs_its_weight_again_when_it_changes_and_copies_withou
     and a deep copy of the layer (whose packed copy has no storage to copy) computes what the layer computes."""
     force_cpu_matmul(monkeypatch, "onednn")
     plain = nn.Linear(512, 2048)
-    frozen = mt.model.fast.FrozenLinear(plain)
+    frozen = mt.fast.frozen.FrozenLinear(plain)
     x = torch.randn(64, 512)
     with torch.no_grad():
         frozen(x)

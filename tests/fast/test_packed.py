@@ -1,13 +1,13 @@
-"""Training on real tokens only (mt/model/fast_packed.py) computes the plain path's loss and gradients."""
+"""Training on real tokens only (mt/fast/packed.py) computes the plain path's loss and gradients."""
 
 import pytest
 import torch
 
-import mt.model.fast_packed
+import mt.fast.packed
 from mt.config import ModelConfig
 from mt.data.tokenizer import BOS, EOS, PAD
-from mt.model.fast import fast_paths, for_training
-from mt.model.fast_packed import packed_loss
+from mt.fast.packed import packed_loss
+from mt.fast.paths import fast_paths, for_training
 from mt.model.transformer import Transformer, teacher_forced_loss
 
 pytestmark = pytest.mark.numerics
@@ -52,7 +52,7 @@ def test_a_batch_without_padding_takes_the_plain_path(monkeypatch):
     model = Transformer(ModelConfig(d_model=32, n_heads=4, n_enc_layers=1, n_dec_layers=1, d_ff=64, dropout=0.0,
                                     src_vocab_size=50, tgt_vocab_size=50))
     packed = []
-    monkeypatch.setattr(mt.model.fast_packed.Padding, "pack", lambda *args: packed.append(1))
+    monkeypatch.setattr(mt.fast.packed.Padding, "pack", lambda *args: packed.append(1))
     loss = packed_loss(model, *padded_batch([4, 4], [3, 3]), 0.1)
     assert not packed and torch.isfinite(loss)
 

@@ -1,4 +1,4 @@
-"""Training on real tokens only (a fast path of mt/model/fast.py): everything but attention skips a batch's padding.
+"""Training on real tokens only (a fast path of mt/fast/): everything but attention skips a batch's padding.
 
 A batch is padded to its longest sentence on each side, and all but attention works a position at a time: the
 projections, the feed-forward layers, the norms, the dropouts and the output layer would compute the padding's rows
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from mt.data.tokenizer import PAD
-from mt.model.fast_linear import plain_cpu_fp32
+from mt.fast.linear import plain_cpu_fp32
 from mt.model.transformer import (
     CrossAttention,
     DecoderLayer,

@@ -1,7 +1,7 @@
 /* One decoding step of mt's Transformer (mt/model/transformer.py, `decode_step`) for a few rows, in C with AVX2
  * and FMA (and AVX-512 VNNI for int8 where the CPU has it): the target embedding, the decoder layers and the output
  * layer in one call, fp32 or int8.
- * mt/model/native_step.py compiles it, lays out the weights and calls `mt_step`; it says why this exists. */
+ * mt/fast/native_step.py compiles it, lays out the weights and calls `mt_step`; it says why this exists. */
 
 #include <immintrin.h>
 #include <math.h>
@@ -11,17 +11,42 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* The model's sizes (`dims`, as native_step.py fills it) and its parameters (`params`): per decoder layer
- * PER_LAYER slots, then the tail. A linear layer takes four slots: weight, int8 scales and int8 column sums (NULL in
- * fp32), bias (or NULL). Weights are packed in panels of outputs, each panel's weights in one run: fp32 ones in
+/* The model's sizes (`dims`, as native_layout.py fills it) and its weights (`params`), named below. */
+enum { D_MODEL, HEADS, D_FF, LAYERS, VOCAB, PRE_NORM, ACTIVATION, INT8, N_DIMS };
+enum { RELU, GELU, SILU };
+
+/* The weights the step and the encoder read, by their names in the model (mt/model/transformer.py): per layer of
+ * the stack, then the rest. `params` holds them in this order, SLOTS pointers each: a linear layer's weight, int8
+ * scales and int8 column sums (NULL in fp32), and bias (or NULL); a norm's weight and bias in the first and the last;
+ * a table in the first. native_layout.py lays them out by these names (`mt_weight_names`), so the two cannot
+ * disagree on an order. Weights are packed in panels of outputs, each panel's weights in one run: fp32 ones in
  * panels of 16, (out rounded up to 16 / 16, in, 16); int8 ones in panels of PANEL (8 with AVX2, 16 with AVX-512),
  * (out rounded up / PANEL, in / 4, PANEL, 4), four inputs of each output side by side; each int8 output has its
  * scale and the sum of its weights. */
-enum { D_MODEL, HEADS, D_FF, LAYERS, VOCAB, PRE_NORM, ACTIVATION, INT8, N_DIMS };
-enum { RELU, GELU, SILU };
-enum { QKV = 0, SELF_OUT = 4, CROSS_Q = 8, CROSS_OUT = 12, UP = 16, DOWN = 20, NORM_SELF = 24, NORM_CROSS = 26,
-       NORM_FFN = 28, PER_LAYER = 30 };
-enum { EMBED = 0, POSITIONS = 1, DEC_NORM = 2, OUTPUT = 4 };
+#define DECODER_LAYER(X) X(QKV, "self_attn.qkv") X(SELF_OUT, "self_attn.out") X(CROSS_Q, "cross_attn.q") \
+    X(CROSS_OUT, "cross_attn.out") X(UP, "ffn.up") X(DOWN, "ffn.down") X(NORM_SELF, "res_self.norm") \
+    X(NORM_CROSS, "res_cross.norm") X(NORM_FFN, "res_ffn.norm")
+#define DECODER_REST(X) X(EMBED, "tgt_embed") X(POSITIONS, "positions") X(DEC_NORM, "dec_norm") X(OUTPUT, "output")
+#define ENCODER_LAYER(X) X(E_QKV, "self_attn.qkv") X(E_OUT, "self_attn.out") X(E_UP, "ffn.up") \
+    X(E_DOWN, "ffn.down") X(E_NORM_ATTN, "res_attn.norm") X(E_NORM_FFN, "res_ffn.norm")
+#define ENCODER_REST(X) X(SRC_EMBED, "src_embed") X(SRC_POSITIONS, "positions") X(ENC_NORM, "enc_norm")
+#define ENTRY(e, name) e,
+#define NAME(e, name) name " "
+enum { DECODER_LAYER(ENTRY) PER_LAYER };
+enum { DECODER_REST(ENTRY) };
+enum { ENCODER_LAYER(ENTRY) ENC_PER_LAYER };
+enum { ENCODER_REST(ENTRY) };
+#define SLOTS 4
+#define AT(p, e) ((p) + SLOTS * (size_t)(e))
+
+/* The names of one part's weights, space-separated: 0 a decoder layer's, 1 the decoder's others, 2 an encoder
+ * layer's, 3 the encoder's others. */
+const char *mt_weight_names(int part) {
+    static const char *names[] = {DECODER_LAYER(NAME), DECODER_REST(NAME), ENCODER_LAYER(NAME), ENCODER_REST(NAME)};
+    return part >= 0 && part < 4 ? names[part] : NULL;
+}
+
+int mt_weight_slots(void) { return SLOTS; }
 
 typedef struct {
     const void *weight;
@@ -335,7 +360,7 @@ static float sum_of(const float *a, const float *b, int n) {
 }
 
 static void layer_norm(const float *x, int rows, int d, void *const *slot, float eps, float *y) {
-    const float *g = slot[0], *b = slot[1];
+    const float *g = slot[0], *b = slot[SLOTS - 1];
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * d;
         float *yr = y + (size_t)r * d;
@@ -415,20 +440,20 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     if (status != 0) goto done;
     float *x = m.f, *normed = x + (size_t)rows * d, *wide = normed + (size_t)rows * d;
     float *mixed = wide + (size_t)rows * widest, *scores = mixed + (size_t)rows * d;
-    void *const *tail = params + (size_t)n_layers * PER_LAYER;
-    const float *embed = tail[EMBED], *position = (const float *)tail[POSITIONS] + (size_t)t * d;
+    void *const *tail = AT(params, (size_t)n_layers * PER_LAYER);
+    const float *embed = AT(tail, EMBED)[0], *position = (const float *)AT(tail, POSITIONS)[0] + (size_t)t * d;
 
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < d; i++) x[(size_t)r * d + i] = embed[tokens[r] * d + i] * embed_scale + position[i];
 
     for (int layer = 0; layer < n_layers; layer++) {
-        void *const *p = params + (size_t)layer * PER_LAYER;
+        void *const *p = AT(params, (size_t)layer * PER_LAYER);
         float *self_k = caches[4 * layer], *self_v = caches[4 * layer + 1];
         const float *mem_k = caches[4 * layer + 2], *mem_v = caches[4 * layer + 3];
         const float *in = x;
 
-        if (dims[PRE_NORM]) layer_norm(x, rows, d, p + NORM_SELF, eps, normed), in = normed;
-        linear(&m, in, rows, d, 3 * d, p + QKV, wide); /* (rows, 3, H, Dh) */
+        if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(p, NORM_SELF), eps, normed), in = normed;
+        linear(&m, in, rows, d, 3 * d, AT(p, QKV), wide); /* (rows, 3, H, Dh) */
         float *k_at = self_k + (size_t)t * rows * d, *v_at = self_v + (size_t)t * rows * d;
         for (int r = 0; r < rows; r++) {
             memcpy(k_at + (size_t)r * d, wide + (size_t)r * 3 * d + d, sizeof(float) * d);
@@ -440,12 +465,12 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
                 attend(wide + (size_t)r * 3 * d + (size_t)head * dh, self_k + at, self_v + at, (size_t)rows * d, t + 1,
                        NULL, dh, scores, mixed + at);
             }
-        linear(&m, mixed, rows, d, d, p + SELF_OUT, wide);
-        add_residual(&m, x, wide, rows, p + NORM_SELF, eps);
+        linear(&m, mixed, rows, d, d, AT(p, SELF_OUT), wide);
+        add_residual(&m, x, wide, rows, AT(p, NORM_SELF), eps);
 
         in = x;
-        if (dims[PRE_NORM]) layer_norm(x, rows, d, p + NORM_CROSS, eps, normed), in = normed;
-        linear(&m, in, rows, d, d, p + CROSS_Q, wide);
+        if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(p, NORM_CROSS), eps, normed), in = normed;
+        linear(&m, in, rows, d, d, AT(p, CROSS_Q), wide);
         for (int r = 0; r < rows; r++) {
             int s = r / beam;
             for (int head = 0; head < h; head++) {
@@ -454,23 +479,18 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
                        src_mask + (size_t)s * n_src, dh, scores, mixed + (size_t)r * d + (size_t)head * dh);
             }
         }
-        linear(&m, mixed, rows, d, d, p + CROSS_OUT, wide);
-        add_residual(&m, x, wide, rows, p + NORM_CROSS, eps);
+        linear(&m, mixed, rows, d, d, AT(p, CROSS_OUT), wide);
+        add_residual(&m, x, wide, rows, AT(p, NORM_CROSS), eps);
 
-        feed_forward(&m, x, rows, p + UP, p + DOWN, p + NORM_FFN, eps, normed, wide, mixed);
+        feed_forward(&m, x, rows, AT(p, UP), AT(p, DOWN), AT(p, NORM_FFN), eps, normed, wide, mixed);
     }
     const float *last = x;
-    if (dims[PRE_NORM]) layer_norm(x, rows, d, tail + DEC_NORM, eps, normed), last = normed;
-    linear(&m, last, rows, d, dims[VOCAB], tail + OUTPUT, logits);
+    if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(tail, DEC_NORM), eps, normed), last = normed;
+    linear(&m, last, rows, d, dims[VOCAB], AT(tail, OUTPUT), logits);
 done:
     scratch_free(&m);
     return status;
 }
-
-/* The encoder's parameters, as native_step.py lays them out: per encoder layer ENC_PER_LAYER slots (its linear
- * layers and norms, as the decoder's), then its tail. */
-enum { E_QKV = 0, E_OUT = 4, E_UP = 8, E_DOWN = 12, E_NORM_ATTN = 16, E_NORM_FFN = 18, ENC_PER_LAYER = 20 };
-enum { SRC_EMBED = 0, SRC_POSITIONS = 1, ENC_NORM = 2 };
 
 /* `Transformer.encode` for n sentences of s positions: `tokens` (n, s), `src_mask` (n, s) 1 where a position is not
  * padding; `dims` as the step's, with the encoder's layers and the source vocabulary. Writes the encoder's output,
@@ -486,18 +506,18 @@ int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, 
     if (status != 0) goto done;
     float *x = memory, *normed = m.f, *wide = normed + (size_t)rows * d, *mixed = wide + (size_t)rows * widest;
     float *scores = mixed + (size_t)rows * d;
-    void *const *tail = params + (size_t)n_layers * ENC_PER_LAYER;
-    const float *embed = tail[SRC_EMBED], *positions = tail[SRC_POSITIONS];
+    void *const *tail = AT(params, (size_t)n_layers * ENC_PER_LAYER);
+    const float *embed = AT(tail, SRC_EMBED)[0], *positions = AT(tail, SRC_POSITIONS)[0];
 
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < d; i++)
             x[(size_t)r * d + i] = embed[tokens[r] * d + i] * embed_scale + positions[(size_t)(r % s) * d + i];
 
     for (int layer = 0; layer < n_layers; layer++) {
-        void *const *p = params + (size_t)layer * ENC_PER_LAYER;
+        void *const *p = AT(params, (size_t)layer * ENC_PER_LAYER);
         const float *in = x;
-        if (dims[PRE_NORM]) layer_norm(x, rows, d, p + E_NORM_ATTN, eps, normed), in = normed;
-        linear(&m, in, rows, d, 3 * d, p + E_QKV, wide); /* (rows, 3, H, Dh) */
+        if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(p, E_NORM_ATTN), eps, normed), in = normed;
+        linear(&m, in, rows, d, 3 * d, AT(p, E_QKV), wide); /* (rows, 3, H, Dh) */
         for (int r = 0; r < rows; r++) {
             const float *first = wide + (size_t)(r - r % s) * 3 * d; /* the sentence's first position */
             for (int head = 0; head < h; head++) {
@@ -506,12 +526,12 @@ int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, 
                        src_mask + (size_t)(r / s) * s, dh, scores, mixed + (size_t)r * d + at);
             }
         }
-        linear(&m, mixed, rows, d, d, p + E_OUT, wide);
-        add_residual(&m, x, wide, rows, p + E_NORM_ATTN, eps);
+        linear(&m, mixed, rows, d, d, AT(p, E_OUT), wide);
+        add_residual(&m, x, wide, rows, AT(p, E_NORM_ATTN), eps);
 
-        feed_forward(&m, x, rows, p + E_UP, p + E_DOWN, p + E_NORM_FFN, eps, normed, wide, mixed);
+        feed_forward(&m, x, rows, AT(p, E_UP), AT(p, E_DOWN), AT(p, E_NORM_FFN), eps, normed, wide, mixed);
     }
-    if (dims[PRE_NORM]) layer_norm(x, rows, d, tail + ENC_NORM, eps, x);
+    if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(tail, ENC_NORM), eps, x);
 done:
     scratch_free(&m);
     return status;

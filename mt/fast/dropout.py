@@ -1,4 +1,4 @@
-"""Dropout that is cheap on CPU (a fast path of mt/model/fast.py).
+"""Dropout that is cheap on CPU (a fast path of mt/fast/).
 
 `F.dropout` on CPU draws its mask with `bernoulli_`, slower than drawing uniform numbers and comparing, and a
 training step has dozens of dropouts. PyTorch's CPU generator is serial and makes 32 random bits at a time, so

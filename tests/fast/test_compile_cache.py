@@ -15,7 +15,8 @@ from mt.config import ModelConfig
 from mt.data.batches import pad
 from mt.data.tokenizer import EOS
 from mt.decode.search import greedy
-from mt.model.fast import compile_decoding, for_inference
+from mt.fast.compiled import compile_decoding
+from mt.fast.paths import for_inference
 from mt.model.transformer import Transformer
 
 torch.manual_seed(0)

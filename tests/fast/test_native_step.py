@@ -1,4 +1,4 @@
-"""The C decoding step (mt/model/native_step.py) computes what the model's own `decode_step` computes: in fp32 the
+"""The C decoding step (mt/fast/native_step.py) computes what the model's own `decode_step` computes: in fp32 the
 same logits and cache, step by step through real searches; in int8 the products of each row quantized on its own."""
 
 import copy
@@ -11,13 +11,13 @@ import torch
 from torch import Tensor, nn
 
 import mt.errors
-import mt.model.native_step
+import mt.fast.native_step
 from mt.data.batches import pad
 from mt.data.tokenizer import BOS, EOS
 from mt.decode.search import beam_search, greedy
+from mt.fast.native_step import NativeDecodeStep, NativeEncode, library
+from mt.fast.paths import fast_paths, for_inference
 from mt.model.cache import DecoderCache
-from mt.model.fast import fast_paths, for_inference
-from mt.model.native_step import NativeDecodeStep, NativeEncode, library
 
 from ..conftest import tiny_model
 
@@ -173,14 +173,14 @@ def test_steps_the_c_step_cannot_take_are_pytorch_s():
 
 def test_threads_loading_at_once_compile_it_once(monkeypatch, tmp_path):
     monkeypatch.setenv("MT_CACHE", str(tmp_path))
-    mt.model.native_step.load.cache_clear()
+    mt.fast.native_step.load.cache_clear()
     try:
         with ThreadPoolExecutor(4) as pool:
             libraries = list(pool.map(lambda _: library(), range(4)))
         assert libraries[0] is not None and all(lib is libraries[0] for lib in libraries)
         assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
     finally:
-        mt.model.native_step.load.cache_clear()
+        mt.fast.native_step.load.cache_clear()
 
 
 def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
@@ -193,11 +193,11 @@ def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
     for path in (old, other):
         os.utime(path, (month_ago, month_ago))
     monkeypatch.setenv("MT_CACHE", str(tmp_path))
-    mt.model.native_step.load.cache_clear()
+    mt.fast.native_step.load.cache_clear()
     try:
         assert library() is not None
     finally:
-        mt.model.native_step.load.cache_clear()
+        mt.fast.native_step.load.cache_clear()
     assert not old.exists() and recent.exists() and other.exists()
     assert len(list(folder.glob("native_step-*.so"))) == 2  # the one just built, and the recent one
 
@@ -212,20 +212,20 @@ def test_switched_off_and_named(monkeypatch):
     assert not isinstance(plain.decode_step, NativeDecodeStep) and not isinstance(plain.encode, NativeEncode)
     monkeypatch.setenv("MT_NATIVE", "2")
     with pytest.raises(mt.errors.MtError, match="MT_NATIVE"):
-        mt.model.native_step.enabled()
+        mt.fast.native_step.enabled()
 
 
 def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "false")  # a compiler that fails
     monkeypatch.setenv("MT_CACHE", str(tmp_path))
-    mt.model.native_step.load.cache_clear()
+    mt.fast.native_step.load.cache_clear()
     try:
         with pytest.warns(UserWarning, match="decoding stays in PyTorch"):
             model = for_inference(tiny_model(), "fp32")
         assert not isinstance(model.decode_step, NativeDecodeStep)
         assert not list((tmp_path / "native").iterdir())  # no half-written library left behind
     finally:
-        mt.model.native_step.load.cache_clear()
+        mt.fast.native_step.load.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [[0, 1, 1, 3, 4, 5], [1, 0, 2, 3, 4, 5], [0, 3, 3, 1, 4, 5], [5, 4, 3, 2, 1, 0]])

@@ -1,8 +1,8 @@
 """Label-smoothed cross-entropy, summed over non-padding targets, with a hand-written backward; and, for training
-on CPU, the output layer and this loss fused, a block of rows at a time (a fast path of mt/model/fast.py).
+on CPU, the output layer and this loss fused, a block of rows at a time (a fast path of mt/fast/).
 
 The result equals `F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=eps, reduction="sum")`
-(tests/model/test_fast_loss.py checks values and gradients). It exists for speed: with a large vocabulary the (N, V)
+(tests/fast/test_loss.py checks values and gradients). It exists for speed: with a large vocabulary the (N, V)
 logits are the biggest tensor of a training step, and PyTorch's composite version walks them about ten times
 (log-softmax, a zero-filled NLL gradient, the smoothing gradient, their sum, the log-softmax backward). Here the
 forward makes one log-softmax and the backward turns it, in place, into the gradient
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from mt.data.tokenizer import PAD
-from mt.model.fast_linear import linear, linear_grads, plain_cpu_fp32
+from mt.fast.linear import linear, linear_grads, plain_cpu_fp32
 
 # Logits per block of rows in `output_loss`: just under 32 MiB in float32, the largest block glibc keeps for reuse
 # when freed (mt/memory.py); fewer, larger blocks measured faster than 8 MiB ones (docs/performance.md).

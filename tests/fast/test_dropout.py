@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from mt.model.fast_dropout import Dropout, dropout
+from mt.fast.dropout import Dropout, dropout
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

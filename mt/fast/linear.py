@@ -1,4 +1,4 @@
-"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU (a fast path of mt/model/fast.py).
+"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU (a fast path of mt/fast/).
 
 PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
 Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it, and its AVX2 code multiplies the
@@ -184,3 +184,10 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def relinked(layer: nn.Linear, cls: type[nn.Linear]) -> nn.Linear:
+    """A `cls` (nn.Linear or a subclass) holding `layer`'s own parameters, not copies."""
+    new = cls(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    new.weight, new.bias = layer.weight, layer.bias
+    return new.train(layer.training)

@@ -1,6 +1,6 @@
 /* Beam search's helpers beside the C decoding step (native_step.c), for searches over a few rows
  * (mt/decode/few_rows.py): each row's best tokens with their log-probabilities, and the cache rows a step moves.
- * Compiled into the same library (mt/model/native_step.py). */
+ * Compiled into the same library (mt/fast/native_step.py). */
 
 #include <immintrin.h>
 #include <math.h>

@@ -1,0 +1,143 @@
+"""Kernel choices made by measurement on the machine that runs them, as FFTW's wisdom and cuDNN's benchmark mode do.
+
+Where two implementations compute the same thing (MKL or oneDNN for a product, the C step or PyTorch's for so many
+rows), the first use of a kind of shape times each candidate, a few milliseconds, and keeps the faster in a file of
+this machine's choices, keyed by what decides them: the CPU's model and flags, the vector width PyTorch runs, the
+library versions (`machine`). This process and every later one on the machine use it from then on, so a machine
+gives the same output for the same input every run. `mt bench` prints the choices its model made and how;
+`mt bench --choose-again` forgets this machine's and makes them afresh (as does deleting the file).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+ROUNDS = 5  # timings of each candidate, alternating; the median counts
+SLICE_S = 0.002  # calls are repeated until one timing takes at least this long
+CLOSE = 0.03  # a candidate must be this much faster than the first named (the default) to be chosen
+
+
+def machine() -> dict[str, str]:
+    """What decides a choice besides its shape: the CPU (its model and flags), the vector width PyTorch runs and the
+    one oneDNN may use, the libraries."""
+    cpu, flags = platform.processor(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name":
+                cpu = value
+            elif key == "flags":
+                flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:12]
+                break
+    except OSError:  # no /proc (macOS): the processor's name alone
+        pass
+    return {"cpu": cpu, "flags": flags, "capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""), "torch": torch.__version__}
+
+
+def path() -> Path:
+    """This machine's file of choices, in mt's cache (`$MT_CACHE`, default ~/.cache/mt)."""
+    key = hashlib.sha256(json.dumps(machine(), sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "choices"
+    return folder / f"{key}.json"
+
+
+LOCK = threading.RLock()  # one measurement at a time in a process: a measurement may ask for another's choice
+_made: dict[Path, dict[str, dict]] = {}  # the choices read or made in this process, per file
+
+
+def remembered(file: Path) -> dict[str, dict]:
+    if file not in _made:
+        try:
+            _made[file] = json.loads(file.read_text())["choices"]
+        except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: made again
+            _made[file] = {}
+    return _made[file]
+
+
+def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str:
+    """The name of the fastest of `candidates` (name → a call that does the work once) for `question` (a kind of
+    shape: what, its sizes, the threads) on this machine: remembered, or measured now and remembered. The first
+    named is the default, kept unless another is clearly faster."""
+    file = path()
+    with LOCK:
+        known = remembered(file).get(question)
+        if known is not None and known.get("choice") in candidates:
+            return known["choice"]
+        times = measured(candidates)
+        first = next(iter(candidates))
+        best = min(times, key=times.get)
+        chosen = best if times[best] < times[first] * (1 - CLOSE) else first
+        return keep(file, question, {"choice": chosen, "ms": {k: round(v * 1e3, 4) for k, v in times.items()}})
+
+
+def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
+    """Seconds a call of each candidate takes: warmed up, repeated to a measurable slice, the median of ROUNDS
+    timings taken in turn, so that the machine's noise falls on every candidate alike."""
+    reps = {}
+    for name, call in candidates.items():
+        call()  # the first call pays for allocation, packing and the library's own set-up
+        start = time.perf_counter()
+        call()
+        reps[name] = max(1, int(SLICE_S / max(time.perf_counter() - start, 1e-7)))
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(ROUNDS):
+        for name, call in candidates.items():
+            start = time.perf_counter()
+            for _ in range(reps[name]):
+                call()
+            times[name].append((time.perf_counter() - start) / reps[name])
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def keep(file: Path, question: str, answer: dict) -> str:
+    """Writes `answer` into the file unless another process answered first, whose answer then counts (the first
+    answer stands, so all processes on a machine agree); returns the choice that counts. The file is replaced whole,
+    never left half written."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with open(file.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _made.pop(file, None)
+            choices = remembered(file)
+            choices.setdefault(question, answer)
+            handle, partial = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".partial")
+            with os.fdopen(handle, "w") as out:
+                json.dump({"machine": machine(), "choices": choices}, out, indent=1, sort_keys=True)
+            os.replace(partial, file)
+    except OSError:  # no cache to write: this process keeps its answer to itself
+        remembered(file).setdefault(question, answer)
+    return remembered(file)[question]["choice"]
+
+
+def forget() -> Path:
+    """Forgets this machine's choices (`mt bench --choose-again`): they are measured again at their next use."""
+    file = path()
+    with LOCK:
+        file.unlink(missing_ok=True)
+        _made.pop(file, None)
+    return file
+
+
+def made(questions: list[str] | None = None) -> dict[str, dict]:
+    """The choices this process knows, each with the milliseconds its candidates took: what `mt bench` prints."""
+    known = remembered(path())
+    return {q: known[q] for q in (questions if questions is not None else known) if q in known}
+
+
+def rows_class(rows: int) -> int:
+    """A kind of shape by its rows: the next power of two, so that a few measurements cover every batch."""
+    return 1 << max(0, rows - 1).bit_length()
+

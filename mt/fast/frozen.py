@@ -1,0 +1,77 @@
+"""Linear layers for decoding (fast paths of mt/fast/): `FrozenLinear`, an fp32 weight stored transposed
+(and packed for oneDNN where it takes the product), and int8, every linear layer dynamically quantized."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from mt.fast.linear import onednn_mm, onednn_pays, pack_for_onednn, prefers_onednn, relinked
+
+
+def quantized(model: nn.Module) -> bool:
+    """Whether the model has int8 layers (`quantize_int8`)."""
+    return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """The model with every linear layer dynamically quantized to int8, in place.
+
+    Each output channel (a row of the weight) gets its own scale: the output layer's rows are the target pieces'
+    embeddings, whose norms differ by piece, and one scale for all of them cost BLEU (docs/performance.md)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor; it still works
+        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        for name in linears:  # the quantizer takes nn.Linear itself, not subclasses like mt.fast.linear's Linear
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, relinked(model.get_submodule(name), nn.Linear))
+        per_channel = torch.ao.quantization.per_channel_dynamic_qconfig
+        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(linears, per_channel),
+                                                      mapping={nn.Linear: Int8Linear}, inplace=True)
+
+
+class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
+    """PyTorch's dynamically quantized linear layer, calling its kernel directly: the layer's own forward checks its
+    dtype and version and copies the output on every call, a fixed cost that a lone sentence pays on every product
+    (docs/performance.md)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=True)
+
+
+class FrozenLinear(nn.Module):
+    """nn.Linear for inference, its weight stored transposed and contiguous, (in_features, out_features).
+
+    F.linear multiplies by the transpose of an (out, in) weight; on CPU, MKL runs the small matrices of
+    step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is the faster
+    kernel (see mt/fast/linear.py) and the product is large enough for it to pay, fp32 goes through it
+    instead, against a copy of the weight packed once in oneDNN's own layout.
+    """
+
+    def __init__(self, layer: nn.Linear):
+        super().__init__()
+        self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
+        self._packed: tuple[tuple[int, int], Tensor] | None = None  # (weight_t's address and version, packed)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
+        flat = x.reshape(-1, x.size(-1))
+        # prefers_onednn first: it is False while torch.compile traces, which cannot trace onednn_pays
+        if prefers_onednn(x, weight_t) and onednn_pays(flat.size(0), weight_t):
+            return onednn_mm(flat, self.packed(weight_t), bias).view(*x.shape[:-1], weight_t.size(1))
+        y = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
+        return y.view(*x.shape[:-1], y.size(-1))
+
+    def packed(self, weight_t: Tensor) -> Tensor:
+        """The weight in oneDNN's layout, packed at first use and again if `weight_t` is replaced or written to."""
+        key = (weight_t.data_ptr(), weight_t._version)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, pack_for_onednn(weight_t.t()))
+        return self._packed[1]
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight out (oneDNN's layout has no storage to copy): packed again."""
+        return {**self.__dict__, "_packed": None}
