@@ -33,8 +33,9 @@ from mt.decode.search import SearchOptions, autocast, beam_search, greedy
 from mt.decode.translate import compiled, translate_lines
 from mt.device import autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
+from mt.fast import choose
 from mt.fast.compiled import compile_decoding
-from mt.fast.linear import onednn_available, onednn_mm, onednn_trains, use_onednn
+from mt.fast.linear import onednn_available, onednn_mm
 from mt.fast.paths import PRECISIONS, fast_paths, for_inference, for_training
 from mt.model.transformer import Transformer, count_parameters
 from mt.options import TrainBench, TranslateBench
@@ -232,18 +233,13 @@ def train_flops(cfg: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: flo
 
 
 def machine(device: torch.device) -> dict:
-    """What the machine's kernels are, as the fast paths choose them: the CPU's instruction set as PyTorch uses it,
-    whether it multiplies bf16 in hardware (else bf16 is emulated and `auto` precision is fp32), the fp32 matmul."""
+    """What the machine's kernels are, as the fast paths chose them: the CPU's instruction set as PyTorch uses it,
+    whether it multiplies bf16 in hardware (else bf16 is emulated and `auto` precision is fp32), and the choices the
+    run made by measurement (mt/fast/choose.py), each with what its candidates took."""
     if device.type != "cpu":
-        return {"cpu_matmul": cpu_matmul()}
+        return {"choices": choose.made()}
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": native_bf16(),
-            "cpu_matmul": cpu_matmul()}
-
-
-def cpu_matmul() -> str:
-    """The fp32 CPU matmul kernel mt's linear layers use here, for decoding and training (mt/fast/linear.py)."""
-    decoding, training = ("onednn" if chosen() else "mkl" for chosen in (use_onednn, onednn_trains))
-    return decoding if decoding == training else f"{decoding} decoding, {training} training"
+            "choices": choose.made(), "choices_file": str(choose.path())}
 
 
 def matmul_peak(precision: str, device: torch.device, size: int = 2048, runs: int = 3) -> float:
@@ -356,7 +352,10 @@ def summary(result: dict) -> str:
     paths = "fast paths: " + ("; ".join(result["fast_paths"]) or "none (MT_FAST=0)")
     if "cpu_capability" in result:
         bf16 = "bf16 in hardware" if result["native_bf16"] else "bf16 emulated"
-        paths += f" · CPU {result['cpu_capability']}, {bf16}, {result['cpu_matmul']} matmuls"
+        paths += f" · CPU {result['cpu_capability']}, {bf16}"
+    if result.get("choices"):
+        paths += (f"\nchoices by measurement on this machine ({result.get('choices_file', 'not kept')}):\n  "
+                  + "\n  ".join(result["choices"]))
     if result["bench"] == "translate":
         return markdown_table([result]) + "\n" + paths
     return (f"{result['tgt_tok_per_s']:,.0f} tgt tok/s · MFU {result['mfu']:.1%} of "

@@ -39,9 +39,15 @@ def bench_translate(
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in "
                                                      "this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per setting.")] = False,
+    choose_again: Annotated[bool, typer.Option("--choose-again", help="Forget this machine's kernel choices and "
+                                               "measure them afresh (docs/performance.md).")] = False,
 ) -> None:
-    """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory)."""
+    """Translation throughput (target tokens/s, sentences/s, median seconds, peak memory), and the kernel choices
+    made by measurement."""
     import json
+
+    if choose_again:
+        forget_choices()
 
     from mt.bench import bench_translate, run_grid, summary  # torch: imported when the benchmark runs
 
@@ -76,9 +82,15 @@ def bench_train(
     readme: Annotated[Path | None, typer.Option(help="With --grid: write the table between its markers in "
                                                      "this markdown file (docs/benchmarks.md).")] = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object (per setting).")] = False,
+    choose_again: Annotated[bool, typer.Option("--choose-again", help="Forget this machine's kernel choices and "
+                                               "measure them afresh (docs/performance.md).")] = False,
 ) -> None:
-    """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory."""
+    """Training throughput: target tokens/s of full steps, FLOPs per token, MFU, padding, memory, and the kernel
+    choices made by measurement."""
     import json
+
+    if choose_again:
+        forget_choices()
 
     from mt.bench import bench_train, run_grid, summary  # torch: imported when the benchmark runs
 
@@ -88,6 +100,12 @@ def bench_train(
         preset=preset, data=str(data) if data else None, batch=batch, src_len=src_len, tgt_len=tgt_len,
         max_tokens=max_tokens, precision=precision, threads=threads, steps=steps, device=device))
     typer.echo(json.dumps(result) if json_ else summary(result))
+
+
+def forget_choices() -> None:
+    from mt.fast.choose import forget
+
+    typer.echo(f"forgot this machine's kernel choices ({forget()}): measured afresh as they are used", err=True)
 
 
 def echo(line: str, err: bool) -> None:

@@ -56,6 +56,7 @@ def path() -> Path:
 
 LOCK = threading.RLock()  # one measurement at a time in a process: a measurement may ask for another's choice
 _made: dict[Path, dict[str, dict]] = {}  # the choices read or made in this process, per file
+_asked: dict[str, None] = {}  # the questions this process asked, in order: what `mt bench` reports
 
 
 def remembered(file: Path) -> dict[str, dict]:
@@ -73,10 +74,12 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
     named is the default, kept unless another is clearly faster."""
     file = path()
     with LOCK:
+        _asked.setdefault(question)
         known = remembered(file).get(question)
         if known is not None and known.get("choice") in candidates:
             return known["choice"]
-        times = measured(candidates)
+        with torch.random.fork_rng(devices=[]):  # measuring draws nothing from the run's random stream
+            times = measured(candidates)
         first = next(iter(candidates))
         best = min(times, key=times.get)
         chosen = best if times[best] < times[first] * (1 - CLOSE) else first
@@ -131,10 +134,12 @@ def forget() -> Path:
     return file
 
 
-def made(questions: list[str] | None = None) -> dict[str, dict]:
-    """The choices this process knows, each with the milliseconds its candidates took: what `mt bench` prints."""
+def made() -> list[str]:
+    """The choices this process asked for, each with the milliseconds its candidates took when it was measured:
+    what `mt bench` prints."""
     known = remembered(path())
-    return {q: known[q] for q in (questions if questions is not None else known) if q in known}
+    return [f"{q}: {known[q]['choice']} (" + ", ".join(f"{k} {v:g} ms" for k, v in known[q]["ms"].items()) + ")"
+            for q in _asked if q in known]
 
 
 def rows_class(rows: int) -> int:

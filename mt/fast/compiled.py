@@ -9,7 +9,6 @@ import torch
 from torch import Tensor, nn
 
 from mt.fast.frozen import FrozenLinear, quantized
-from mt.fast.linear import onednn_min_rows
 from mt.model.transformer import Transformer
 
 
@@ -18,7 +17,7 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     compiled by torch.compile, in place, for the few rows where it pays. A step runs dozens of small ops whose
     fixed costs outweigh their work on a few rows, and compiled they are fused: a lone sentence, a small beam. On
     CPU the compiled step multiplies through PyTorch's own kernel, so from the rows where eager decoding takes
-    oneDNN's faster one for the layers' largest weight (`onednn_min_rows`) the step stays eager
+    oneDNN's faster one for the layers' largest weight (`first_onednn_rows`) the step stays eager
     (`FewRowsCompiled`), and the output layer, the largest product, always does (docs/performance.md). The first
     steps of each new kind of shape compile (`mt.decode.translate.compiled` runs them at load). An int8 model stays
     eager: PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower."""
@@ -32,9 +31,9 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     on_cpu = all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
     for module in model.modules():
         if isinstance(module, Transformer):
-            largest = max((m.weight_t.numel() for m in module.decoder.modules() if isinstance(m, FrozenLinear)),
-                          default=0)
-            rows = onednn_min_rows(largest) if on_cpu and largest else None
+            largest = max((m for m in module.decoder.modules() if isinstance(m, FrozenLinear)),
+                          key=lambda m: m.weight_t.numel(), default=None)
+            rows = largest.first_onednn_rows() if on_cpu and largest is not None else None
             step = torch.compile(module.step_layers, dynamic=True, fullgraph=True, options=options)
             module.step_layers = FewRowsCompiled(module.step_layers, step, rows)
     return model

@@ -8,7 +8,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from mt.fast.linear import onednn_mm, onednn_pays, pack_for_onednn, prefers_onednn, relinked
+from mt.fast.choose import rows_class
+from mt.fast.linear import decoding_kernel, onednn_mm, pack_for_onednn, plain_cpu_fp32, relinked
 
 
 def quantized(model: nn.Module) -> bool:
@@ -45,9 +46,9 @@ class FrozenLinear(nn.Module):
     """nn.Linear for inference, its weight stored transposed and contiguous, (in_features, out_features).
 
     F.linear multiplies by the transpose of an (out, in) weight; on CPU, MKL runs the small matrices of
-    step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is the faster
-    kernel (see mt/fast/linear.py) and the product is large enough for it to pay, fp32 goes through it
-    instead, against a copy of the weight packed once in oneDNN's own layout.
+    step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is measured the
+    faster kernel for a product's rows (`takes_onednn`), fp32 goes through it instead, against a copy of the weight
+    packed once in oneDNN's own layout.
     """
 
     def __init__(self, layer: nn.Linear):
@@ -55,15 +56,35 @@ class FrozenLinear(nn.Module):
         self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
         self._packed: tuple[tuple[int, int], Tensor] | None = None  # (weight_t's address and version, packed)
+        self._kernels: dict[tuple[int, int], bool] = {}  # (rows class, threads) → whether oneDNN takes the product
 
     def forward(self, x: Tensor) -> Tensor:
         weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
         flat = x.reshape(-1, x.size(-1))
-        # prefers_onednn first: it is False while torch.compile traces, which cannot trace onednn_pays
-        if prefers_onednn(x, weight_t) and onednn_pays(flat.size(0), weight_t):
+        if plain_cpu_fp32(x, weight_t) and self.takes_onednn(flat.size(0)):
             return onednn_mm(flat, self.packed(weight_t), bias).view(*x.shape[:-1], weight_t.size(1))
         y = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
         return y.view(*x.shape[:-1], y.size(-1))
+
+    def takes_onednn(self, rows: int) -> bool:
+        """Whether oneDNN is this machine's faster kernel for `rows` inputs against this weight, measured once for
+        each power of two of rows and threads (mt/fast/linear.py's `decoding_kernel`)."""
+        key = (rows_class(rows), torch.get_num_threads())
+        known = self._kernels.get(key)
+        if known is None:
+            weight_t = self.weight_t
+            known = self._kernels[key] = decoding_kernel(weight_t, key[0],
+                                                         lambda: pack_for_onednn(weight_t.t())) == "onednn"
+        return known
+
+    def first_onednn_rows(self, most: int = 1024) -> int | None:
+        """The fewest rows, a power of two up to `most`, that this layer multiplies through oneDNN; None if none."""
+        rows = 1
+        while rows <= most:
+            if self.takes_onednn(rows):
+                return rows
+            rows *= 2
+        return None
 
     def packed(self, weight_t: Tensor) -> Tensor:
         """The weight in oneDNN's layout, packed at first use and again if `weight_t` is replaced or written to."""

@@ -1,30 +1,27 @@
-"""Linear layers on the fastest fp32 matrix-multiply kernel of this CPU (a fast path of mt/fast/).
+"""Linear layers on the faster fp32 matrix-multiply kernel of this machine (a fast path of mt/fast/).
 
-PyTorch runs fp32 `F.linear` on CPU through MKL, and MKL keeps to its AVX2 code on processors that are not
-Intel's; oneDNN, also inside PyTorch, uses AVX-512 wherever the CPU has it, and its AVX2 code multiplies the
-model's decoding matrices faster than MKL's too (docs/performance.md). Decoding multiplies by weights packed once
-in oneDNN's layout (`pack_for_onednn`) on x86 CPUs that are not Intel's and have AVX2 or AVX-512, except for a lone
-row or a small weight's few rows (`onednn_pays`): oneDNN's fixed cost per call outweighs its faster kernel there,
-and MKL takes them, as it takes a large down-projection's hundred rows and more with AVX2. `Linear` is an `nn.Linear`
-(same parameters, same checkpoints) whose fp32 CPU matmuls, forward and backward, go through oneDNN where decoding's
-do and the CPU has AVX-512; with AVX2 alone MKL trains faster (`onednn_trains`). The choices are facts of the
-machine, not timings, so every process on it computes the same numbers (resuming a run continues it bitwise).
-Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`, Intel CPUs, where MKL has its AVX-512 code) is
-`F.linear`.
+PyTorch multiplies fp32 on CPU through MKL; oneDNN, also inside PyTorch, has kernels of its own. Which is the faster
+depends on the CPU (MKL keeps to its AVX2 code on processors that are not Intel's, where oneDNN uses AVX-512), the
+libraries, the shape and the threads, so mt does not guess: each product is timed both ways at its first use for
+its kind of shape (mt/fast/choose.py) and the faster kept, for good, on this machine. Decoding multiplies by weights
+packed once in oneDNN's layout (`pack_for_onednn`) where oneDNN is the faster (`decoding_kernel`, for
+`FrozenLinear` in mt/fast/frozen.py); `Linear`, an `nn.Linear` (same parameters, same checkpoints), takes all three
+products of training (forward and both gradients) in oneDNN where that is the faster for its weight
+(`training_kernel`). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`) is `F.linear`.
 
-`MT_CPU_MATMUL=mkl` or `=onednn` overrides the rule (benchmarks use it to compare the two side by side).
+`MT_CPU_MATMUL=mkl` or `=onednn` puts every product on one kernel (benchmarks compare the two side by side).
 """
 
 from __future__ import annotations
 
-import functools
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mt.device import cpu_vendor
+from mt.fast.choose import choice
 
 CHOICES = ("auto", "mkl", "onednn")
 
@@ -50,26 +47,61 @@ def onednn_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-@functools.cache
-def use_onednn() -> bool:
-    """Whether fp32 CPU matmuls go through oneDNN in this process: MT_CPU_MATMUL, else the machine's rule."""
-    choice = os.environ.get("MT_CPU_MATMUL", "auto")
-    if choice not in CHOICES:
-        raise ValueError(f"MT_CPU_MATMUL must be one of {', '.join(CHOICES)}, not {choice!r}")
-    if not onednn_available():
-        return False
-    if choice != "auto":
-        return choice == "onednn"
-    return cpu_vendor() not in ("GenuineIntel", "") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+def forced() -> str | None:
+    """The kernel MT_CPU_MATMUL puts every product on ("mkl" or "onednn"), or None (auto: measured)."""
+    value = os.environ.get("MT_CPU_MATMUL", "auto")
+    if value not in CHOICES:
+        raise ValueError(f"MT_CPU_MATMUL must be one of {', '.join(CHOICES)}, not {value!r}")
+    if value == "onednn" and not onednn_available():
+        return "mkl"
+    return None if value == "auto" else value
 
 
-@functools.cache
-def onednn_trains() -> bool:
-    """Whether training's fp32 CPU matmuls (forward and both gradients) go through oneDNN: MT_CPU_MATMUL, else where
-    decoding's do and the CPU has AVX-512; with AVX2 alone MKL multiplies a batch's thousands of rows faster."""
-    if os.environ.get("MT_CPU_MATMUL", "auto") != "auto":
-        return use_onednn()
-    return use_onednn() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+def kernel_note() -> str:
+    """Which kernels the products may take here, for `fast_paths`."""
+    kernel = forced()
+    if kernel is not None:
+        return f"{'oneDNN' if kernel == 'onednn' else 'MKL'} (MT_CPU_MATMUL)"
+    return "the faster of MKL and oneDNN as measured" if onednn_available() else "MKL"
+
+
+def decoding_kernel(weight_t: Tensor, rows: int, packed: Callable[[], Tensor]) -> str:
+    """"mkl" or "onednn", the faster on this machine for `rows` inputs against weight_t, (in, out) as `FrozenLinear`
+    holds it, oneDNN multiplying by its packed copy (`packed()`)."""
+    kernel = forced()
+    if kernel is not None or not onednn_available():
+        return kernel or "mkl"
+    n_in, out = weight_t.shape
+    x, bias = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(0)), torch.zeros(out)
+    weight = packed()
+    return choice(f"decoding linear {n_in}x{out}, {rows} rows, {torch.get_num_threads()} threads",
+                  {"mkl": lambda: torch.addmm(bias, x, weight_t), "onednn": lambda: onednn_mm(x, weight, bias)})
+
+
+TRAINING_ROWS = 512  # a batch's products are timed at this many rows: a few milliseconds, the speed of thousands
+_training: dict[tuple, bool] = {}  # (weight shape, threads) → whether oneDNN trains it, as `training_kernel` chose
+
+
+def training_kernel(weight: Tensor) -> str:
+    """"mkl" or "onednn", the faster on this machine for training's three products with `weight` (out, in): the
+    forward, the input's gradient and the weight's."""
+    kernel = forced()
+    if kernel is not None or not onednn_available():
+        return kernel or "mkl"
+    out, n_in = weight.shape
+    generator = torch.Generator().manual_seed(0)
+    w, x, g = (weight.detach(), torch.randn(TRAINING_ROWS, n_in, generator=generator),
+               torch.randn(TRAINING_ROWS, out, generator=generator))
+
+    def mkl():
+        return F.linear(x, w), g @ w, g.t() @ x
+
+    def onednn():
+        return onednn_mm(x, w), onednn_mm(g, w.t()), onednn_weight_grad(g, x)
+
+    with torch.no_grad():
+        return choice(f"training linear {n_in}x{out}, {torch.get_num_threads()} threads",
+                      {"mkl": mkl, "onednn": onednn})
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -112,55 +144,14 @@ def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
-# The smallest product, in rows and in multiply-adds (rows x in x out), for which oneDNN against a packed weight beats
-# MKL in decoding, by the CPU's vector width: and four times the multiply-adds for a weight small enough to stay in a
-# core's L2 cache (256 KiB), which MKL multiplies at full speed (docs/performance.md).
-ONEDNN_MIN_PRODUCT = {"AVX512": (2, 1_000_000), "AVX2": (2, 1_000_000)}
-L2_RESIDENT = 65_536  # fp32 weights of at most this many elements
-
-
-def min_macs(rule: tuple[int, int], weight_size: int) -> int:
-    return rule[1] * 4 if weight_size <= L2_RESIDENT else rule[1]
-
-
-# From this many rows, MKL multiplies by a narrowing weight (in >= 2 x out: a feed-forward layer's down-projection)
-# of at least NARROWING_MIN_SIZE elements faster than oneDNN against its packed copy, by the CPU's vector width; not
-# measured with AVX-512, where oneDNN keeps them. A smaller one (512 -> 256) decoded faster in oneDNN
-# (docs/performance.md).
-MKL_NARROWING_FROM_ROWS = {"AVX2": 128}
-NARROWING_MIN_SIZE = 1024 * 256
-
-
-def onednn_pays(rows: int, weight_t: Tensor) -> bool:
-    """Whether oneDNN is the faster kernel for `rows` inputs against `weight_t`, (in, out) as `FrozenLinear` holds it:
-    not for the few rows of a decoding step, where its fixed cost per call outweighs the work, nor, with AVX2, for
-    a large narrowing weight's many rows."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    rule = ONEDNN_MIN_PRODUCT.get(capability, (0, 0))
-    narrowing_from = MKL_NARROWING_FROM_ROWS.get(capability)
-    if (narrowing_from is not None and rows >= narrowing_from and weight_t.size(0) >= 2 * weight_t.size(1)
-            and weight_t.numel() >= NARROWING_MIN_SIZE):
-        return False
-    return rows >= rule[0] and rows * weight_t.numel() >= min_macs(rule, weight_t.numel())
-
-
-def onednn_min_rows(weight_size: int) -> int | None:
-    """The fewest rows for which fp32 CPU decoding multiplies through oneDNN against a weight of `weight_size`
-    elements (`onednn_pays`); None where it never does (another kernel chosen, or no rule for this CPU)."""
-    rule = ONEDNN_MIN_PRODUCT.get(torch.backends.cpu.get_cpu_capability())
-    if rule is None or not use_onednn():
-        return None
-    return max(rule[0], -(-min_macs(rule, weight_size) // weight_size))
-
-
-def prefers_onednn(x: Tensor, weight: Tensor) -> bool:
-    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is decoding's faster kernel."""
-    return plain_cpu_fp32(x, weight) and use_onednn()
-
-
 def trains_on_onednn(x: Tensor, weight: Tensor) -> bool:
-    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is training's faster kernel."""
-    return plain_cpu_fp32(x, weight) and onednn_trains()
+    """fp32 on CPU, outside autocast and torch.compile, where oneDNN is training's faster kernel for `weight`."""
+    if not plain_cpu_fp32(x, weight):
+        return False
+    key = (tuple(weight.shape), torch.get_num_threads(), forced())
+    if key not in _training:
+        _training[key] = training_kernel(weight) == "onednn"
+    return _training[key]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

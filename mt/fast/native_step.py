@@ -12,14 +12,15 @@ mt/decode/few_rows.py), and the encoder (`mt_encode`): for a lone sentence PyTor
 time dispatching than multiplying.
 
 `install(model, precision)` (called by `mt.fast.paths.for_inference`) swaps `NativeDecodeStep` in for the
-`decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`: up to `max_rows` rows (source
-positions) they run in C, above them, or under autocast, in PyTorch. The C source is compiled once per machine by
-the system's C compiler into `$MT_CACHE/native` (default ~/.cache/mt/native): for AVX2, or for AVX-512 with VNNI
-where PyTorch runs AVX-512 and the CPU has VNNI (int8's sums of four products then take one instruction). Without
-a compiler, on a CPU without AVX2 and FMA, or with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here multiplies
-the weights PyTorch quantized by activations quantized a row at a time, unsigned with a zero point: to 8 bits with
-VNNI, to 7 with AVX2, whose pairs of products would otherwise saturate (PyTorch's own int8 layers likewise keep
-activations to 7 bits, but scale a whole batch at once): the same weights, slightly different rounding.
+`decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`, where the model's contract
+allows (mt/fast/contract.py): up to as many rows (source positions) as C is measured the faster for on this machine
+(mt/fast/choose.py) they run in C, above them, or under autocast, in PyTorch. The C source is compiled once per
+machine by the system's C compiler into `$MT_CACHE/native` (default ~/.cache/mt/native): for AVX2, or for AVX-512
+with VNNI where PyTorch runs AVX-512 and the CPU has VNNI (int8's sums of four products then take one instruction).
+Without a compiler, on a CPU without AVX2 and FMA, or with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here
+multiplies the weights PyTorch quantized by activations quantized a row at a time, unsigned with a zero point: to 8
+bits with VNNI, to 7 with AVX2, whose pairs of products would otherwise saturate (PyTorch's own int8 layers likewise
+keep activations to 7 bits, but scale a whole batch at once): the same weights, slightly different rounding.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,6 +45,7 @@ from torch import Tensor, nn
 
 from mt.data.tokenizer import PAD
 from mt.errors import MtError
+from mt.fast.choose import choice
 from mt.fast.contract import NATIVE_ENCODE, NATIVE_STEP
 from mt.fast.native_layout import Layout, Unreadable, supported
 from mt.model.cache import DecoderCache
@@ -51,9 +55,6 @@ SOURCES = [Path(__file__).with_name(name) for name in ("native_step.c", "native_
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
 # int8: sums of four products in one instruction, where PyTorch runs AVX-512 (not under ATEN_CPU_CAPABILITY=avx2)
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
-# Source positions (sentences x length) up to which the C encoder is the faster, on one of PyTorch's threads and on
-# more (the C encoder runs on one): 8 sentences, or a lone one (docs/performance.md)
-ENCODE_MAX_ROWS, ENCODE_MAX_ROWS_THREADED = 256, 32
 PRECISIONS = ("fp32", "int8")
 STALE_DAYS = 30  # a library of another source or flags built this long ago goes when a new one is built
 
@@ -166,35 +167,46 @@ def install(model: nn.Module, precision: str) -> None:
         try:
             if NATIVE_STEP[precision].declines(module.cfg) is None and not isinstance(module.decode_step,
                                                                                     NativeDecodeStep):
-                module.decode_step = NativeDecodeStep(module, precision,
-                                                      max_rows(module, precision, library().instruction_set))
+                module.decode_step = NativeDecodeStep(module, precision)
             if NATIVE_ENCODE[precision].declines(module.cfg) is None and not isinstance(module.encode, NativeEncode):
-                module.encode = NativeEncode(module, precision, ENCODE_MAX_ROWS)
+                module.encode = NativeEncode(module, precision)
         except Unreadable:  # a module its contract accepts but of a kind the C code does not read: PyTorch decodes
             continue
 
 
-def max_rows(model: Transformer, precision: str, instruction_set: str) -> int:
-    """Up to how many rows the C step is the faster one (docs/performance.md): 8 in fp32. In int8 with AVX-512 VNNI
-    16; with AVX2 its int8 products are bound by arithmetic from a few rows on, where PyTorch's int8 matmuls are
-    not: a decoder of a few million weights still gains at 8 rows (its PyTorch step is mostly fixed costs), one of
-    tens of millions up to 4."""
-    if precision == "fp32":
-        return 8
-    if instruction_set == "AVX-512 VNNI":
-        return 16  # 64 products an instruction: base's 26M weights still 1.2x at 16 rows, level at 32
+def shape_of(model: Transformer, part: str) -> str:
     cfg = model.cfg
-    # a step's weights: per layer self-attention's 4 d^2, cross-attention's query and output 2 d^2, the FFN's 2 d d_ff
-    weights = cfg.n_dec_layers * (6 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.d_ff) + cfg.d_model * cfg.tgt_vocab_size
-    return 8 if weights <= 12_000_000 else 4  # small preset 4.8M: 1.7-2.3x at 8 rows; base 26M: 1.1-1.2x at 4, <1 at 6
+    layers, vocab = (cfg.n_dec_layers, cfg.tgt_vocab_size) if part == "decoder" else (cfg.n_enc_layers,
+                                                                                        cfg.src_vocab_size)
+    return f"{layers} layers of {cfg.d_model}x{cfg.d_ff}, {cfg.n_heads} heads, {cfg.norm}-norm, vocabulary {vocab}"
+
+
+def crossover(question: str, sizes: tuple[int, ...], plain: Callable[[int], Callable[[], object]],
+              native: Callable[[int], Callable[[], object]]) -> int:
+    """The largest of `sizes` (ascending) up to which the C code is measured the faster at each size, 0 if at none:
+    `question` names the part, its shape and the threads, `plain(size)` and `native(size)` give the calls timed."""
+    most = 0
+    with torch.inference_mode():
+        for size in sizes:
+            if choice(f"{question}, {size}", {"pytorch": plain(size), "c": native(size)}) != "c":
+                break
+            most = size
+    return most
+
+
+# Rows timed for the C step's crossover, and source positions (sentences of 16) for the encoder's
+STEP_ROWS = (1, 2, 4, 8, 16, 32, 64)
+ENCODE_POSITIONS = (16, 32, 64, 128, 256, 512)
 
 
 class NativeDecodeStep:
-    """`Transformer.decode_step` through native_step.c for up to `max_rows` rows, the model's own for more."""
+    """`Transformer.decode_step` through native_step.c for as many rows as it is measured the faster for on this
+    machine (`rows_limit`; `max_rows` fixes it), the model's own for more."""
 
-    def __init__(self, model: Transformer, precision: str, max_rows: int):
+    def __init__(self, model: Transformer, precision: str, max_rows: int | None = None):
         self.model, self.plain = model, model.decode_step
         self.max_rows, self.precision = max_rows, precision
+        self.limits: dict[int, int] = {}  # threads → the most rows it takes, measured
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
         lib = library()
         self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
@@ -206,6 +218,9 @@ class NativeDecodeStep:
                    for b in layer]  # per layer, in native_step.c's order
         if not self.fits(tokens, cache, buffers):
             return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
+        return self.run(tokens, cache, buffers)
+
+    def run(self, tokens: Tensor, cache: DecoderCache, buffers: list[Tensor]) -> tuple[Tensor, DecoderCache]:
         rows, t = tokens.size(0), cache.length
         # Held in names until C has read them: a temporary's memory is freed as soon as its address is taken.
         ids, src_mask = tokens.long().contiguous(), cache.src_mask.contiguous()
@@ -220,6 +235,36 @@ class NativeDecodeStep:
             raise MemoryError("the C decoding step could not allocate its working memory")
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam, self.move_rows)
+
+    def rows_limit(self) -> int:
+        """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this
+        model at the threads PyTorch runs (mt/fast/choose.py), once."""
+        if self.max_rows is not None:
+            return self.max_rows
+        threads = torch.get_num_threads()
+        if threads not in self.limits:
+            self.limits[threads] = crossover(
+                f"decoding step in C or PyTorch, {self.precision}, {shape_of(self.model, 'decoder')}, {threads} "
+                "threads, rows", STEP_ROWS, lambda rows: self.timed(rows, self.plain),
+                lambda rows: self.timed(rows, None))
+        return self.limits[threads]
+
+    def timed(self, rows: int, plain: Callable | None) -> Callable[[], object]:
+        """A step of `rows` rows to time, in PyTorch (`plain`) or in C (None): a sentence a row, 16 source positions
+        (fewer for a shorter model), 8 target positions decoded before."""
+        cfg, g = self.model.cfg, torch.Generator().manual_seed(0)
+        positions = min(16, cfg.max_len)
+        memory = torch.randn(rows, positions, cfg.d_model, generator=g)
+        cache = self.model.start_cache(memory, torch.ones(rows, 1, 1, positions, dtype=torch.bool),
+                                       max_steps=positions)
+        for buffer in cache.self_k + cache.self_v:
+            buffer.normal_(generator=g)
+        cache = replace(cache, length=positions // 2)
+        tokens = torch.full((rows,), min(4, self.vocab - 1))
+        if plain is not None:
+            return lambda: plain(tokens, cache)
+        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True) for b in layer]
+        return lambda: self.run(tokens, cache, buffers)
 
     def top_logprobs(self, logits: Tensor, width: int,
                      barred: int | None = None) -> tuple[list[list[float]], list[list[int]]]:
@@ -254,7 +299,7 @@ class NativeDecodeStep:
         """Whether the C step takes this step: few enough rows on CPU, outside autocast, within the cache and the
         positions, every buffer fp32 and contiguous in the shapes it reads, the weights still laid out."""
         rows, t, k = tokens.size(0), cache.length, cache.self_k[0]
-        if (rows > self.max_rows or tokens.device.type != "cpu" or torch.is_autocast_enabled("cpu")
+        if (rows > self.rows_limit() or tokens.device.type != "cpu" or torch.is_autocast_enabled("cpu")
                 or t >= min(k.size(0), self.max_len) or k.size(1) != rows
                 or cache.mem_k[0].size(0) * cache.beam != rows or cache.src_mask.dtype != torch.bool):
             return False
@@ -262,21 +307,25 @@ class NativeDecodeStep:
 
 
 class NativeEncode:
-    """`Transformer.encode` through native_step.c for batches of up to `max_rows` source positions, the model's own
-    for more."""
+    """`Transformer.encode` through native_step.c for batches of as many source positions as it is measured the
+    faster for on this machine (`positions_limit`; `max_rows` fixes it), the model's own for more."""
 
-    def __init__(self, model: Transformer, precision: str, max_rows: int):
-        self.model, self.plain, self.max_rows = model, model.encode, max_rows
+    def __init__(self, model: Transformer, precision: str, max_rows: int | None = None):
+        self.model, self.plain, self.max_rows, self.precision = model, model.encode, max_rows, precision
+        self.limits: dict[int, int] = {}  # threads → the most source positions it takes, measured
         lib = library()
         self.encode = lib.mt_encode
         self.weights = Layout(model, precision, "encoder", lib)
 
     def __call__(self, src: Tensor) -> tuple[Tensor, Tensor]:
         n, s = src.shape
-        limit = self.max_rows if torch.get_num_threads() == 1 else min(self.max_rows, ENCODE_MAX_ROWS_THREADED)
-        if (n * s > limit or src.device.type != "cpu" or s > self.model.cfg.max_len or self.model.training
-                or torch.is_autocast_enabled("cpu") or not self.weights.current()):
+        if (src.device.type != "cpu" or s > self.model.cfg.max_len or self.model.training
+                or torch.is_autocast_enabled("cpu") or n * s > self.positions_limit() or not self.weights.current()):
             return self.plain(src)
+        return self.run(src)
+
+    def run(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        n, s = src.shape
         ids, src_mask = src.long().contiguous(), (src != PAD)[:, None, None, :]  # held while C reads them
         memory = torch.empty(n, s, self.model.cfg.d_model)
         w = self.weights
@@ -287,3 +336,24 @@ class NativeEncode:
         if status != 0:
             raise MemoryError("the C encoder could not allocate its working memory")
         return memory, src_mask
+
+    def positions_limit(self) -> int:
+        """Up to how many source positions (sentences x length) the C encoder takes a batch: `max_rows` if set, else
+        as measured on this machine for this model at the threads PyTorch runs (the C encoder runs on one), once."""
+        if self.max_rows is not None:
+            return self.max_rows
+        threads = torch.get_num_threads()
+        if threads not in self.limits:
+            self.limits[threads] = crossover(
+                f"encoder in C or PyTorch, {self.precision}, {shape_of(self.model, 'encoder')}, {threads} threads, "
+                "source positions", ENCODE_POSITIONS, lambda n: self.timed(n, self.plain),
+                lambda n: self.timed(n, self.run))
+        return self.limits[threads]
+
+    def timed(self, positions: int, encode: Callable[[Tensor], object]) -> Callable[[], object]:
+        """An encoding of `positions` source positions to time: sentences of 16 (fewer for a shorter model)."""
+        cfg = self.model.cfg
+        length = min(16, cfg.max_len, positions)
+        src = torch.randint(4, max(5, cfg.src_vocab_size), (max(1, positions // length), length),
+                            generator=torch.Generator().manual_seed(0)) % cfg.src_vocab_size
+        return lambda: encode(src)

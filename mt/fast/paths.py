@@ -28,7 +28,7 @@ from mt.fast.contract import (
 )
 from mt.fast.dropout import Dropout
 from mt.fast.frozen import FrozenLinear, quantize_int8, quantized
-from mt.fast.linear import MKL_NARROWING_FROM_ROWS, Linear, onednn_trains, relinked, use_onednn
+from mt.fast.linear import Linear, kernel_note, relinked
 from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
 
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -116,12 +116,10 @@ def fast_paths(model: nn.Module) -> list[str]:
     layers = [m for m in model.modules() if isinstance(m, (SelfAttention, CrossAttention))]
     found = []
     if Linear in kinds:
-        found.append(f"linear: {'oneDNN' if onednn_trains() else 'MKL'} fp32 matmuls")
+        found.append(f"linear: fp32 matmuls on {kernel_note()}, a choice per weight")
     if FrozenLinear in kinds:
-        found.append("linear: frozen, weights transposed" + (", packed for oneDNN" if use_onednn() else ""))
-        narrowing = MKL_NARROWING_FROM_ROWS.get(torch.backends.cpu.get_cpu_capability())
-        if use_onednn() and narrowing:
-            found.append(f"linear: large down-projections through MKL from {narrowing} rows")
+        found.append(f"linear: frozen, weights transposed; fp32 matmuls on {kernel_note()}, a choice per weight and "
+                     "rows")
     if quantized(model):
         found.append("linear: int8 per output channel, dynamically quantized")
     if Dropout in kinds:
@@ -141,13 +139,14 @@ def fast_paths(model: nn.Module) -> list[str]:
     native = next((m.decode_step for m in model.modules()
                    if isinstance(getattr(m, "decode_step", None), mt.fast.native_step.NativeDecodeStep)), None)
     if native is not None:
-        found.append(f"decoding step: C ({native.instruction_set}), {native.precision}, up to {native.max_rows} row"
-                     + ("s" if native.max_rows > 1 else ""))
+        rows = native.rows_limit()
+        found.append(f"decoding step: C ({native.instruction_set}), {native.precision}, up to {rows} row"
+                     + ("s" if rows != 1 else "") + f" on {torch.get_num_threads()} threads")
     encoder = next((m.encode for m in model.modules()
                     if isinstance(getattr(m, "encode", None), mt.fast.native_step.NativeEncode)), None)
     if encoder is not None:
-        found.append(f"encoder: C, up to {encoder.max_rows} source positions "
-                     f"({mt.fast.native_step.ENCODE_MAX_ROWS_THREADED} on more than one thread)")
+        found.append(f"encoder: C, up to {encoder.positions_limit()} source positions on {torch.get_num_threads()} "
+                     "threads")
     return found
 
 

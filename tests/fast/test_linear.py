@@ -1,28 +1,22 @@
+"""The fast linear layers compute nn.Linear on either CPU kernel, and take for each product the kernel that this
+machine's measurement chose (mt/fast/choose.py): here the measurement is stood in for by a chooser whose answer
+the test sets, so that no verdict depends on this CPU."""
+
 import copy
-import functools
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import mt.bench
 import mt.fast.frozen
 import mt.fast.linear
-import mt.fast.paths
 from mt.data.tokenizer import BOS
 from mt.decode.search import beam_search
-from mt.fast.linear import (
-    Linear,
-    OneDnnLinear,
-    onednn_available,
-    onednn_min_rows,
-    onednn_mm,
-    onednn_pays,
-    onednn_trains,
-    use_onednn,
-)
-from mt.fast.paths import for_inference, for_training
+from mt.fast.frozen import FrozenLinear
+from mt.fast.linear import Linear, OneDnnLinear, forced, onednn_available
+from mt.fast.paths import fast_paths, for_inference, for_training
 
 from ..conftest import tiny_model
 
@@ -33,21 +27,29 @@ onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build h
 
 def force_cpu_matmul(monkeypatch, choice: str) -> None:
     """Every fp32 CPU matmul of mt's fast linears through `choice` ("onednn" or "mkl", as MT_CPU_MATMUL says) for
-    this test, whatever this machine's rule picks."""
+    this test, whatever this machine's measurements chose."""
     if choice == "onednn" and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN linear")
     monkeypatch.setenv("MT_CPU_MATMUL", choice)
-    fresh_kernel_rules(monkeypatch)
-    assert mt.fast.linear.use_onednn() == mt.fast.linear.onednn_trains() == (choice == "onednn")
+    assert forced() == choice
 
 
-def fresh_kernel_rules(monkeypatch) -> None:
-    """The kernel rules decided afresh for this test (caches of their own), wherever they are read: by the layers,
-    and by fast_paths and `mt bench`, which report what the layers chose."""
-    own, trains = functools.cache(use_onednn.__wrapped__), functools.cache(onednn_trains.__wrapped__)
-    for module in (mt.fast.linear, mt.fast.paths, mt.bench):
-        monkeypatch.setattr(module, "use_onednn", own)
-        monkeypatch.setattr(module, "onednn_trains", trains)
+def chooser_says(monkeypatch, onednn_from_rows: int, trains_on: str = "onednn") -> list[str]:
+    """The kernel choices of this test: oneDNN for decoding's products from `onednn_from_rows` rows (a power of two),
+    MKL for fewer; `trains_on` for training's; returns the questions asked."""
+    monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
+    monkeypatch.setattr(mt.fast.linear, "_training", {})
+    asked = []
+
+    def choice(question: str, candidates: dict) -> str:
+        asked.append(question)
+        rows = re.search(r"(\d+) rows", question)
+        if rows is None:
+            return trains_on
+        return "onednn" if int(rows.group(1)) >= onednn_from_rows else "mkl"
+
+    monkeypatch.setattr(mt.fast.linear, "choice", choice)
+    return asked
 
 
 def forward_and_grads(fn, x, w, b, grad):
@@ -117,73 +119,64 @@ def test_the_model_learns_and_translates_the_same_on_either_cpu_kernel(monkeypat
 
 def test_a_wrong_kernel_override_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv("MT_CPU_MATMUL", "blas")
-    use_onednn.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="MT_CPU_MATMUL must be one of auto, mkl, onednn"):
-            use_onednn()
-    finally:
-        use_onednn.cache_clear()
+    with pytest.raises(ValueError, match="MT_CPU_MATMUL must be one of auto, mkl, onednn"):
+        forced()
+
+
+def spied(monkeypatch) -> list:
+    calls = []
+    for module in (mt.fast.linear, mt.fast.frozen):
+        real = module.onednn_mm
+        monkeypatch.setattr(module, "onednn_mm", lambda *args, real=real: calls.append(args) or real(*args))
+    return calls
 
 
 @onednn
-@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
-def test_decoding_takes_mkl_for_a_few_rows_and_onednn_for_many(monkeypatch, capability):
-    """oneDNN's fixed cost per call outweighs its faster kernel on a lone sentence's step, and on a weight small
-    enough for MKL to multiply from the L2 cache: those products go to MKL, a batch's to oneDNN, and both compute
-    the layer. With AVX2, MKL also takes a large down-projection's products from 128 rows (a beam 4 batch of 32)."""
-    force_cpu_matmul(monkeypatch, "onednn")
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    calls = []
-    monkeypatch.setattr(mt.fast.frozen, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
-    for (n_in, n_out), rows, kernel in (((512, 2048), 1, "mkl"), ((512, 2048), 2, "onednn"),
-                                        ((512, 2048), 64, "onednn"), ((256, 256), 16, "mkl"),
-                                        ((256, 256), 64, "onednn"), ((2048, 512), 127, "onednn"),
-                                        ((2048, 512), 128, "mkl" if capability == "AVX2" else "onednn"),
-                                        ((512, 2048), 256, "onednn"), ((512, 256), 256, "onednn")):
-        plain = nn.Linear(n_in, n_out)
-        frozen = mt.fast.frozen.FrozenLinear(plain)
-        x = torch.randn(rows, 1, n_in)
+def test_decoding_takes_the_kernel_chosen_for_each_power_of_two_of_rows(monkeypatch):
+    """Each product goes where the chooser said for its rows (rounded up to a power of two) and threads, asked once
+    per kind of shape, and the layer computes nn.Linear either way."""
+    asked = chooser_says(monkeypatch, onednn_from_rows=8)
+    calls = spied(monkeypatch)
+    plain = nn.Linear(48, 80)
+    frozen = FrozenLinear(plain)
+    for rows, kernel in ((1, "mkl"), (4, "mkl"), (5, "onednn"), (8, "onednn"), (100, "onednn"), (3, "mkl"),
+                         (7, "onednn")):
+        x = torch.randn(rows, 1, 48)
         calls.clear()
         with torch.no_grad():
             torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
-        assert ("onednn" if calls else "mkl") == kernel, (n_in, n_out, rows)
+        assert ("onednn" if calls else "mkl") == kernel, rows
+    threads = torch.get_num_threads()
+    assert asked == [f"decoding linear 48x80, {rows} rows, {threads} threads" for rows in (1, 4, 8, 128)]
+    assert frozen.first_onednn_rows() == 8  # where `--compile` hands a step back to the eager layers
 
 
 @onednn
-@pytest.mark.parametrize("capability, trains", [("AVX2", False), ("AVX512", True)])
-def test_an_amd_cpu_decodes_through_onednn_and_trains_through_it_with_avx512_only(monkeypatch, capability, trains):
-    """A batch's decoding products go to oneDNN on both; training's to oneDNN with AVX-512 and to MKL with AVX2
-    alone, where MKL trained faster. `mt bench` says which, and the layer computes nn.Linear either way."""
-    monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
-    monkeypatch.setattr(mt.fast.linear, "cpu_vendor", lambda: "AuthenticAMD")
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    fresh_kernel_rules(monkeypatch)
-    calls = []
-    for module in (mt.fast.linear, mt.fast.frozen):
-        monkeypatch.setattr(module, "onednn_mm", lambda *args: calls.append(args) or onednn_mm(*args))
-    plain, layer = nn.Linear(512, 2048), Linear(512, 2048)
+@pytest.mark.parametrize("trains", ["onednn", "mkl"])
+def test_training_takes_the_kernel_chosen_for_its_weight(monkeypatch, trains):
+    asked = chooser_says(monkeypatch, onednn_from_rows=1, trains_on=trains)
+    calls = spied(monkeypatch)
+    plain, layer = nn.Linear(64, 96), Linear(64, 96)
     layer.load_state_dict(plain.state_dict())
-    x, grad = torch.randn(64, 512), torch.randn(64, 2048)
+    x, grad = torch.randn(40, 64), torch.randn(40, 96)
     for module in (plain, layer):
         module(x).backward(grad)
     torch.testing.assert_close(layer.weight.grad, plain.weight.grad, rtol=1e-4, atol=1e-4)
-    assert bool(calls) == trains
-    calls.clear()
-    with torch.no_grad():
-        torch.testing.assert_close(mt.fast.frozen.FrozenLinear(plain)(x), plain(x), rtol=1e-5, atol=1e-4)
-    assert calls
-    assert mt.bench.cpu_matmul() == ("onednn" if trains else "onednn decoding, mkl training")
+    assert bool(calls) == (trains == "onednn")
+    assert asked == [f"training linear 64x96, {torch.get_num_threads()} threads"]  # once, for all three products
 
 
-@onednn
-@pytest.mark.parametrize("kernel", ["onednn", "mkl"])
-def test_bench_says_whether_decoding_multiplies_by_packed_weights(monkeypatch, kernel):
-    force_cpu_matmul(monkeypatch, kernel)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    paths = mt.fast.paths.fast_paths(for_inference(tiny_model(), "fp32"))
-    assert ("linear: frozen, weights transposed, packed for oneDNN" in paths) == (kernel == "onednn")
-    assert ("linear: large down-projections through MKL from 128 rows" in paths) == (kernel == "onednn")
-    assert any(path.startswith("linear: frozen, weights transposed") for path in paths)
+@pytest.mark.parametrize("kernel", ["onednn", "mkl", "auto"])
+def test_fast_paths_say_which_kernels_the_products_may_take(monkeypatch, kernel):
+    if kernel == "auto":
+        monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
+    else:
+        force_cpu_matmul(monkeypatch, kernel)
+    paths = fast_paths(for_inference(tiny_model(), "fp32")) + fast_paths(for_training(tiny_model()))
+    note = {"onednn": "oneDNN (MT_CPU_MATMUL)", "mkl": "MKL (MT_CPU_MATMUL)",
+            "auto": "the faster of MKL and oneDNN as measured" if onednn_available() else "MKL"}[kernel]
+    assert f"linear: frozen, weights transposed; fp32 matmuls on {note}, a choice per weight and rows" in paths
+    assert f"linear: fp32 matmuls on {note}, a choice per weight" in paths
 
 
 @onednn
@@ -200,18 +193,3 @@ def test_a_frozen_layer_packs_its_weight_again_when_it_changes_and_copies_withou
         frozen.load_state_dict({"weight_t": plain.weight.t(), "bias": plain.bias})
         torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(copy.deepcopy(frozen)(x), plain(x), rtol=1e-5, atol=1e-4)
-
-
-@onednn
-@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
-def test_the_compiled_step_stops_at_the_rows_where_a_layer_takes_onednn(monkeypatch, capability):
-    """`onednn_min_rows`, where `--compile` hands a step back to the eager layers, is the first row count at which
-    the layer's product goes to oneDNN; with MKL chosen, there is none."""
-    force_cpu_matmul(monkeypatch, "onednn")
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    for shape in ((128, 512), (256, 1024), (512, 2048)):
-        weight = torch.empty(shape)
-        rows = onednn_min_rows(weight.numel())
-        assert onednn_pays(rows, weight) and not onednn_pays(rows - 1, weight), (shape, rows)
-    force_cpu_matmul(monkeypatch, "mkl")
-    assert onednn_min_rows(512 * 2048) is None

@@ -202,10 +202,40 @@ def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
     assert len(list(folder.glob("native_step-*.so"))) == 2  # the one just built, and the recent one
 
 
-def test_switched_off_and_named(monkeypatch):
+def c_up_to(monkeypatch, rows: int, positions: int) -> list[str]:
+    """This test's measurements: C the faster up to `rows` rows and `positions` source positions; returns the
+    questions asked."""
+    asked = []
+
+    def choice(question: str, candidates: dict) -> str:
+        asked.append(question)
+        size = int(question.rpartition(", ")[2])
+        return "c" if size <= (rows if question.startswith("decoding step") else positions) else "pytorch"
+
+    monkeypatch.setattr(mt.fast.native_step, "choice", choice)
+    return asked
+
+
+def test_the_c_step_and_encoder_take_as_many_rows_as_they_are_measured_faster_for(monkeypatch):
+    """The crossover is the last size of the ladder at which C was measured the faster, asked once per threads;
+    `fast_paths` (what `mt bench` prints) names it."""
+    asked = c_up_to(monkeypatch, rows=8, positions=64)
     model = for_inference(tiny_model(), "fp32")
-    assert f"decoding step: C ({library().instruction_set}), fp32, up to 8 rows" in fast_paths(model)
-    assert "encoder: C, up to 256 source positions (32 on more than one thread)" in fast_paths(model)
+    threads = torch.get_num_threads()
+    assert f"decoding step: C ({library().instruction_set}), fp32, up to 8 rows on {threads} threads" in fast_paths(
+        model)
+    assert f"encoder: C, up to 64 source positions on {threads} threads" in fast_paths(model)
+    assert [q.rpartition(", ")[2] for q in asked] == ["1", "2", "4", "8", "16", "16", "32", "64", "128"]
+    fast_paths(model)
+    assert len(asked) == 9  # remembered
+    ran = []
+    monkeypatch.setattr(model.encode, "run", lambda src: ran.append(src.numel()) or model.encode.plain(src))
+    model.encode(torch.randint(4, 40, (4, 16)))
+    model.encode(torch.randint(4, 40, (5, 13)))  # 65 positions: PyTorch's
+    assert ran == [64]
+
+
+def test_switched_off(monkeypatch):
     assert not isinstance(for_inference(tiny_model(), "bf16").decode_step, NativeDecodeStep)
     monkeypatch.setenv("MT_NATIVE", "0")
     plain = for_inference(tiny_model(), "fp32")

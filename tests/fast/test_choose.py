@@ -1,0 +1,127 @@
+"""Choices by measurement (mt/fast/choose.py): the faster candidate is kept, remembered by every later process on the
+machine, the first answer written stands, and `mt bench` says what was chosen and how."""
+
+import json
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import mt.fast.choose
+from mt.bench import summary
+from mt.cli import app
+from mt.fast.choose import choice, forget, made, measured, path
+
+
+@pytest.fixture
+def own_file(monkeypatch, tmp_path):
+    """This test's file of choices, and a process that has read none yet."""
+    file = tmp_path / "choices" / "machine.json"
+    monkeypatch.setattr(mt.fast.choose, "path", lambda: file)
+    monkeypatch.setattr(mt.fast.choose, "_made", {})
+    monkeypatch.setattr(mt.fast.choose, "_asked", {})
+    return file
+
+
+def new_process(monkeypatch) -> None:
+    """As a later process finds it: nothing read yet, and nothing may be measured."""
+    monkeypatch.setattr(mt.fast.choose, "_made", {})
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: pytest.fail("measured again"))
+
+
+def test_the_faster_candidate_is_chosen_and_later_processes_use_it_without_measuring(monkeypatch, own_file):
+    calls = {"slow": 0, "fast": 0}
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.002)
+
+    def fast():
+        calls["fast"] += 1
+
+    assert choice("a product", {"slow": slow, "fast": fast}) == "fast"
+    assert calls["slow"] >= 5 and calls["fast"] >= calls["slow"]  # both timed, in turn
+    stored = json.loads(own_file.read_text())
+    assert stored["choices"]["a product"]["choice"] == "fast" and stored["machine"]["cpu"] is not None
+    new_process(monkeypatch)
+    assert choice("a product", {"slow": slow, "fast": fast}) == "fast"
+
+
+@pytest.mark.parametrize("times, chosen", [({"plain": 1.0, "other": 0.99}, "plain"),
+                                           ({"plain": 1.0, "other": 0.9}, "other"),
+                                           ({"plain": 0.5, "other": 0.9}, "plain")])
+def test_the_first_named_is_kept_unless_another_is_clearly_faster(monkeypatch, own_file, times, chosen):
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: times)
+    assert choice("q", {"plain": lambda: None, "other": lambda: None}) == chosen
+
+
+def test_the_first_answer_written_stands(monkeypatch, own_file):
+    """Two processes measuring at once may find different winners; the one that writes second takes the first's, so
+    that every process on the machine computes the same."""
+
+    def race(candidates):
+        own_file.parent.mkdir(parents=True, exist_ok=True)
+        own_file.write_text(json.dumps({"machine": {}, "choices": {"q": {"choice": "b", "ms": {"a": 2, "b": 1}}}}))
+        return {"a": 0.001, "b": 1.0}
+
+    monkeypatch.setattr(mt.fast.choose, "measured", race)
+    assert choice("q", {"a": lambda: None, "b": lambda: None}) == "b"
+    assert json.loads(own_file.read_text())["choices"]["q"]["choice"] == "b"
+
+
+def test_an_unreadable_file_is_measured_again_and_replaced_whole(monkeypatch, own_file):
+    own_file.parent.mkdir(parents=True)
+    own_file.write_text('{"choices": {"q": ')  # cut short
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: {"a": 1.0, "b": 0.5})
+    assert choice("q", {"a": lambda: None, "b": lambda: None}) == "b"
+    assert json.loads(own_file.read_text())["choices"]["q"]["choice"] == "b"
+    assert [p.name for p in own_file.parent.iterdir() if p.suffix == ".partial"] == []
+
+
+def test_without_a_cache_to_write_the_process_keeps_its_answer(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setattr(mt.fast.choose, "path", lambda: blocked / "choices" / "machine.json")  # under a file
+    monkeypatch.setattr(mt.fast.choose, "_made", {})
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: {"a": 1.0, "b": 0.5})
+    assert choice("q", {"a": lambda: None, "b": lambda: None}) == "b"
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: pytest.fail("measured again"))
+    assert choice("q", {"a": lambda: None, "b": lambda: None}) == "b"
+
+
+def test_a_machine_whose_kernels_differ_keeps_other_choices(monkeypatch):
+    here = path()
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "some other ISA")
+    assert path() != here and path().parent == here.parent
+
+
+def test_measured_times_every_candidate_in_turn():
+    order = []
+    times = measured({"a": lambda: order.append("a"), "b": lambda: order.append("b")})
+    assert times.keys() == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert order[:4] == ["a", "a", "b", "b"]  # warmed up, then a first timing of each to size the repetitions
+
+
+def test_bench_prints_the_choices_and_choose_again_forgets_them(monkeypatch, own_file):
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: {"mkl": 0.002, "onednn": 0.001})
+    choice("decoding linear 8x8, 1 rows, 1 threads", {"mkl": lambda: None, "onednn": lambda: None})
+    assert made() == ["decoding linear 8x8, 1 rows, 1 threads: onednn (mkl 2 ms, onednn 1 ms)"]
+    result = {"bench": "train", "fast_paths": [], "choices": made(), "choices_file": str(own_file),
+              "tgt_tok_per_s": 1.0, "mfu": 0.1, "peak_tflops": 1.0, "flops_per_tgt_token": 1e6,
+              "padding_fraction": 0.0, "peak_rss_mb": 1.0}
+    assert (f"choices by measurement on this machine ({own_file}):\n  decoding linear 8x8, 1 rows, 1 threads: "
+            "onednn (mkl 2 ms, onednn 1 ms)") in summary(result)
+    assert forget() == own_file and not own_file.exists() and made() == []
+
+
+def test_mt_bench_choose_again_says_so(own_file):
+    own_file.parent.mkdir(parents=True)
+    own_file.write_text(json.dumps({"machine": {}, "choices": {"stale": {"choice": "x", "ms": {"x": 1}}}}))
+    result = CliRunner().invoke(app, ["bench", "translate", "--preset", "small", "--beam", "1", "--batch", "1",
+                                      "--sentences", "1", "--src-len", "3", "--tgt-len", "2", "--runs", "1",
+                                      "--choose-again"])
+    assert result.exit_code == 0, result.output
+    assert f"forgot this machine's kernel choices ({own_file})" in result.stderr
+    assert "choices by measurement on this machine" in result.stdout and "decoding linear 256x" in result.stdout
+    assert "stale" not in json.loads(own_file.read_text())["choices"]
