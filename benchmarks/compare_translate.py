@@ -2,13 +2,15 @@
 
 Each system gets the preset architecture (random weights, vocabulary 8000, tied embeddings), the same random
 source sentences and a fixed output length, then translates them in batches; throughput counts the output
-tokens each system really produced. The systems run one after another, mt first: once CTranslate2 has run in a
-process, PyTorch's parallel work there runs slower for good (docs/benchmarks.md), so they are not interleaved.
+tokens each system really produced. In one process the systems run one after another, mt first: once CTranslate2
+has run in a process, PyTorch's parallel work there runs slower for good, and CTranslate2 itself is slowed at
+random beside PyTorch (docs/benchmarks.md). `--processes N` therefore times each system in a fresh process of its
+own, the systems in turn, N rounds, and reports each one's median: the comparison to trust.
 Needs the optional extra: `pip install -e '.[bench]'`.
 
-    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8] [--compile]
+    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8] [--compile] [--processes 3]
 
-Prints one JSON object per system and a ratio line.
+Prints one JSON object per system (per round with --processes) and a ratio line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -92,7 +96,13 @@ def main() -> None:
     ap.add_argument("--int8", action="store_true", help="also time int8: mt dynamic quantization vs CT2 int8")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--compile", action="store_true", help="mt's decoding step compiled, as mt translate --compile")
+    ap.add_argument("--only", choices=SYSTEMS, help="time this system alone")
+    ap.add_argument("--processes", type=int, default=0,
+                    help="time each system in a fresh process of its own, in turn, this many rounds; medians")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="with --processes: the systems timed, in turn")
     args = ap.parse_args()
+    if args.processes:
+        return in_processes(args.processes, args.systems.split(","))
     keep_freed_memory()  # as `mt` sets it, for all systems: they share this process
     torch.set_num_threads(args.threads)
     n = args.sentences or args.batch
@@ -106,7 +116,8 @@ def main() -> None:
                          "median_s": seconds, "tgt_tokens": tokens, "tgt_tok_per_s": tokens / seconds}
         print(json.dumps(results[name]), flush=True)
 
-    for precision in ("fp32", "int8") if args.int8 else ("fp32",):
+    for precision in ("fp32", "int8") if args.int8 and args.only in (None, "mt") else (
+            ("fp32",) if args.only in (None, "mt") else ()):
         model = for_inference(preset_model(args.preset), precision)
         if args.compile:
             compile_decoding(model)  # compiled in `timed`'s untimed first run
@@ -125,6 +136,8 @@ def main() -> None:
         seconds = timed(run_mt, args.runs)
         report(f"mt-{precision}", seconds, sum(produced))
 
+    if args.only == "mt":
+        return
     import ctranslate2
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,7 +153,10 @@ def main() -> None:
                                   do_sample=False, min_new_tokens=args.tgt_len, max_new_tokens=args.tgt_len)
                 produced.append(int(((out[:, 1:] != HF_PAD) & (out[:, 1:] != HF_EOS)).sum()))
 
-        report("hf-generate-fp32", timed(run_hf, args.runs), sum(produced))
+        if args.only in (None, "hf"):
+            report("hf-generate-fp32", timed(run_hf, args.runs), sum(produced))
+        if args.only == "hf":
+            return
 
         ct2_dir = Path(tmp) / "ct2"
         for compute_type in ("float32", "int8") if args.int8 else ("float32",):
@@ -161,12 +177,41 @@ def main() -> None:
 
             report(f"ct2-{compute_type}", timed(run_ct2, args.runs), sum(produced))
 
-    base = results["mt-fp32"]["tgt_tok_per_s"]
-    ratios = {name: round(base / r["tgt_tok_per_s"], 2) for name, r in results.items() if name != "mt-fp32"}
-    if "mt-int8" in results and "ct2-int8" in results:
-        ratios["mt-int8 / ct2-int8"] = round(
-            results["mt-int8"]["tgt_tok_per_s"] / results["ct2-int8"]["tgt_tok_per_s"], 2)
-    print(json.dumps({"ratios_mt_fp32_over": ratios}))
+    if args.only is None:
+        print(json.dumps(ratios({name: r["tgt_tok_per_s"] for name, r in results.items()})))
+
+
+SYSTEMS = ("mt", "ct2", "hf")
+
+
+def ratios(speed: dict[str, float]) -> dict:
+    """mt fp32's speed over each other system's, and mt int8's over CTranslate2 int8's."""
+    out = {"ratios_mt_fp32_over": {name: round(speed["mt-fp32"] / s, 2) for name, s in speed.items()
+                                   if name != "mt-fp32"}}
+    if "mt-int8" in speed and "ct2-int8" in speed:
+        out["ratios_mt_fp32_over"]["mt-int8 / ct2-int8"] = round(speed["mt-int8"] / speed["ct2-int8"], 2)
+    return out
+
+
+def in_processes(rounds: int, systems: list[str]) -> None:
+    """This command's comparison with each system in a fresh process of its own, the systems in turn, `rounds`
+    times: each result per round, then the medians and their ratios."""
+    argv = sys.argv[1:]
+    for option in ("--processes", "--systems"):
+        if option in argv:
+            at = argv.index(option)
+            del argv[at:at + 2]
+    speeds: dict[str, list[float]] = {}
+    for round_ in range(rounds):
+        for system in systems:
+            out = subprocess.run([sys.executable, __file__, *argv, "--only", system], capture_output=True, text=True,
+                                 check=True).stdout
+            for line in out.splitlines():
+                result = json.loads(line)
+                speeds.setdefault(result["system"], []).append(result["tgt_tok_per_s"])
+                print(json.dumps({**result, "round": round_ + 1}), flush=True)
+    medians = {name: statistics.median(s) for name, s in speeds.items()}
+    print(json.dumps({"median_tgt_tok_per_s": {k: round(v, 1) for k, v in medians.items()}, **ratios(medians)}))
 
 
 if __name__ == "__main__":
