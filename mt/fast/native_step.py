@@ -82,6 +82,17 @@ def instruction_set() -> str | None:
     return "AVX-512 VNNI" if capability == "AVX512" and {"avx512_vnni", "avx512vl", "avx512bw"} <= flags else "AVX2"
 
 
+def unavailable() -> str | None:
+    """Why this process decodes without the C step, or None where it has it: what `mt bench` says."""
+    if not enabled():
+        return "MT_NATIVE=0"
+    if instruction_set() is None:
+        return "a CPU without AVX2 and FMA"
+    if not compiler():
+        return "no C compiler (cc, gcc or $CC)"
+    return None if library() is not None else "its compilation failed (the warning above says why)"
+
+
 LOCK = threading.Lock()  # one compilation at a time, and one answer, for threads loading models at once
 
 
@@ -91,16 +102,24 @@ def library() -> ctypes.CDLL | None:
         return load()
 
 
+def compiler() -> list[str]:
+    """The C compiler and its own flags: $CC, else cc or gcc on the PATH; [] where there is none."""
+    found = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    return found if found[0] else []
+
+
 @functools.cache
 def load() -> ctypes.CDLL | None:
     isa = instruction_set()
     if isa is None:
         return None
-    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
-    if not compiler[0]:
+    cc = compiler()
+    if not cc:
+        warnings.warn("mt: no C compiler (cc, gcc or $CC), so no C decoding step: decoding stays in PyTorch, slower "
+                      "for a few sentences; install one (apt-get install gcc) to have it", stacklevel=3)
         return None
     try:
-        lib = ctypes.CDLL(str(compiled(compiler, FLAGS + (VNNI_FLAGS if isa == "AVX-512 VNNI" else []))))
+        lib = ctypes.CDLL(str(compiled(cc, FLAGS + (VNNI_FLAGS if isa == "AVX-512 VNNI" else []))))
     except (OSError, subprocess.CalledProcessError) as e:  # no cache to write, a noexec one, the compiler failed
         detail = e.stderr[-2000:] if isinstance(e, subprocess.CalledProcessError) else e
         warnings.warn(f"mt: no C decoding step ({SOURCES[0].name}: {detail}); decoding stays in PyTorch", stacklevel=3)

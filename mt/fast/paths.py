@@ -142,6 +142,10 @@ def fast_paths(model: nn.Module) -> list[str]:
         rows = native.rows_limit()
         found.append(f"decoding step: C ({native.instruction_set}), {native.precision}, up to {rows} row"
                      + ("s" if rows != 1 else "") + f" on {torch.get_num_threads()} threads")
+    if native is None and (FrozenLinear in kinds or quantized(model)):
+        why = mt.fast.native_step.unavailable()
+        if why:
+            found.append(f"decoding step: PyTorch's, not C ({why})")
     encoder = next((m.encode for m in model.modules()
                     if isinstance(getattr(m, "encode", None), mt.fast.native_step.NativeEncode)), None)
     if encoder is not None:
