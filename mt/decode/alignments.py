@@ -2,13 +2,12 @@
 
 The weights are those of teacher-forced decoding: the decoder reads BOS + target pieces, and the row for
 target position t is the attention of the step that predicts output token t (the pieces, then EOS). They are
-recomputed from what each decoder layer's `cross_attn` receives, captured with forward hooks, so the model
-and its fused attention kernel stay as they are. An ensemble's are the mean of its members'.
+`CrossAttention.weights` of what each decoder layer's `cross_attn` receives, captured with forward hooks, so the
+model and its fused attention kernel stay as they are. An ensemble's are the mean of its members'.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +17,7 @@ from torch import Tensor
 
 from mt.data.batches import batch_by_tokens, pad, shift_targets
 from mt.data.tokenizer import EOS, PAD
-from mt.model.transformer import Transformer, split_heads
+from mt.model.transformer import Transformer
 
 if TYPE_CHECKING:  # matplotlib loads when a heatmap is drawn
     from matplotlib.figure import Figure
@@ -38,9 +37,7 @@ def cross_attention(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
 
     def capture(module, args, output) -> None:
         x, k, _, src_mask = args  # what the layer passed to CrossAttention.forward: k is (B, H, S, Dh)
-        q = split_heads(module.q(x), module.n_heads)  # (B, H, T, Dh)
-        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
-        captured.append(torch.softmax(scores.masked_fill(~src_mask, -torch.inf), dim=-1))
+        captured.append(module.weights(x, k, src_mask))  # (B, H, T, S)
 
     hooks = [layer.cross_attn.register_forward_hook(capture) for layer in model.decoder]
     try:

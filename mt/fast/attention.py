@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mt.fast.choose import choice, rows_class
 from mt.fast.dropout import dropout
 from mt.model.transformer import attention
 
@@ -26,11 +27,43 @@ def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_dro
 
 def cpu_training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p_drop: float,
                            causal: bool) -> Tensor:
-    """`mt.model.transformer.attention`, step by step in matmuls where PyTorch's fused kernel is the slower one in CPU
-    training (forward and backward): with attention dropout (no fused CPU kernel has it), in bf16 (its fused
-    backward is slow), and in fp32 over few keys on more than one thread (on one, as each process of a per-core run
-    has, the fused kernel is the faster). Everywhere else, the fused kernel."""
-    if q.device.type == "cpu" and q.requires_grad and not torch.compiler.is_compiling() and (
-            p_drop > 0.0 or q.dtype != torch.float32 or (k.size(-2) <= 64 and torch.get_num_threads() > 1)):
+    """`mt.model.transformer.attention` in CPU training (forward and backward), step by step in matmuls where this
+    machine measured that the faster than PyTorch's fused kernel for this kind of shape (`steps_faster`), the fused
+    kernel everywhere else."""
+    if (q.device.type == "cpu" and q.requires_grad and not torch.compiler.is_compiling()
+            and steps_faster(q, k, mask, p_drop, causal)):
         return matmul_attention(q, k, v, mask, p_drop, causal)
     return attention(q, k, v, mask, p_drop, causal)
+
+
+_steps_faster: dict[tuple, bool] = {}  # kind of shape → whether the step-by-step attention was measured the faster
+
+
+def steps_faster(q: Tensor, k: Tensor, mask: Tensor | None, p_drop: float, causal: bool) -> bool:
+    """Whether attention step by step, forward and backward, is this machine's faster way for q's kind of shape:
+    its dtype, the batch times heads, queries and keys rounded up to powers of two, the head width, a mask, dropout,
+    causality and the threads; measured once for each kind (mt/fast/choose.py). Why it can be: no fused CPU kernel
+    has attention dropout, the fused bf16 backward was 3-10x slower, and over few keys on several threads the fused
+    kernel's fixed costs outweigh its work (machine B, docs/performance.md)."""
+    kind = (str(q.dtype).removeprefix("torch."), rows_class(q.size(0) * q.size(1)), rows_class(q.size(-2)),
+            rows_class(k.size(-2)), q.size(-1), mask is not None, p_drop > 0, causal, torch.get_num_threads())
+    if kind not in _steps_faster:
+        dtype, rows, queries, keys, width = kind[0], kind[1], kind[2], kind[3], kind[4]
+        generator = torch.Generator().manual_seed(0)
+        tensors = [torch.randn(rows, 1, n, width, generator=generator).to(q.dtype) for n in (queries, keys, keys)]
+        keep = torch.ones(rows, 1, 1, keys, dtype=torch.bool)
+        keep[:, :, :, keys - keys // 4:] = False  # a batch's padding
+        shown = keep if mask is not None else None
+
+        def forward_backward(attend):
+            def call():
+                leaves = [t.detach().requires_grad_() for t in tensors]
+                attend(*leaves, shown, p_drop, causal).float().sum().backward()
+            return call
+
+        question = (f"training attention {dtype}, {rows} rows of {queries} queries by {keys} keys of {width}"
+                    f"{', masked' if mask is not None else ''}{', dropout' if p_drop > 0 else ''}"
+                    f"{', causal' if causal else ''}, {kind[-1]} threads")
+        _steps_faster[kind] = choice(question, {"fused": forward_backward(attention),
+                                                "steps": forward_backward(matmul_attention)}) == "steps"
+    return _steps_faster[kind]

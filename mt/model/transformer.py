@@ -110,6 +110,13 @@ class CrossAttention(nn.Module):
         y = self.attend(q, k, v, src_mask, self.dropout if self.training else 0.0, causal=False)
         return self.out(merge_heads(y))
 
+    def weights(self, x: Tensor, k: Tensor, src_mask: Tensor) -> Tensor:
+        """The attention weights `forward` applies to the values, (B, H, T, S) in float32, for the alignments and
+        heatmaps of mt/decode/alignments.py: the fused kernel never returns them."""
+        q = split_heads(self.q(x), self.n_heads)  # (B, H, T, Dh)
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.size(-1))
+        return torch.softmax(scores.masked_fill(~src_mask, -torch.inf), dim=-1)
+
     def step(self, x: Tensor, k: Tensor, v: Tensor, src_mask: Tensor) -> Tensor:
         """Decoding: x (n, k, D) holds the current position of a sentence's k beams, as k queries."""
         y = self.attend_step(split_heads(self.q(x), self.n_heads), k, v, src_mask, 0.0, causal=False)

@@ -61,26 +61,32 @@ def attend_with_grads(fn, q, k, v, mask, p_drop, causal):
 @pytest.mark.parametrize("kind", ["causal", "mask", "none"])
 def test_step_by_step_attention_computes_what_sdpa_does(monkeypatch, kind, p_drop, dtype):
     monkeypatch.setattr(mt.fast.attention, "dropout", lambda x, p, training: x)  # the same computation, minus the mask
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(mt.fast.attention, "steps_faster", lambda *args: True)
     taken = []
     monkeypatch.setattr(mt.fast.attention, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
     q, k, v, mask = qkv_and_mask(kind, dtype)
     ours = attend_with_grads(cpu_training_attention, q, k, v, mask, p_drop, kind == "causal")
-    assert taken  # training on CPU over 5 keys, on 2 threads: the step-by-step path
+    assert taken  # the step-by-step path
     ref = attend_with_grads(attention, q, k, v, mask, 0.0, kind == "causal")  # SDPA
     for a, b in zip(ours, ref, strict=True):
         assert_close(a, b, bf16_error=2e-2 if dtype == torch.bfloat16 else 0.0)
 
 
-@pytest.mark.parametrize("p_drop", [0.0, 0.5])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_one_thread_takes_the_fused_kernel_for_fp32_without_attention_dropout(monkeypatch, dtype, p_drop):
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+@pytest.mark.parametrize("measured", ["steps", "fused"])
+def test_training_attention_takes_the_way_measured_faster_for_its_kind_of_shape(monkeypatch, measured):
+    """Asked once for each kind of shape (rows, queries and keys to a power of two, the rest as they are); the
+    tests of values above and in test_contract.py hold whichever way it answers."""
+    asked = []
+    monkeypatch.setattr(mt.fast.attention, "choice", lambda question, candidates: asked.append(question) or measured)
+    monkeypatch.setattr(mt.fast.attention, "_steps_faster", {})
     taken = []
     monkeypatch.setattr(mt.fast.attention, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
-    q, k, v, mask = qkv_and_mask("mask", dtype)
-    attend_with_grads(cpu_training_attention, q, k, v, mask, p_drop, False)
-    assert bool(taken) == (dtype == torch.bfloat16 or p_drop > 0)
+    q, k, v, mask = qkv_and_mask("mask", torch.float32)  # 3 x 2 rows of 5 queries by 5 keys of 8
+    for _ in range(2):
+        attend_with_grads(cpu_training_attention, q, k, v, mask, 0.5, False)
+    assert bool(taken) == (measured == "steps")
+    assert asked == [f"training attention float32, 8 rows of 8 queries by 8 keys of 8, masked, dropout, "
+                     f"{torch.get_num_threads()} threads"]
 
 
 @pytest.mark.parametrize("kind", ["mask", "none"])
