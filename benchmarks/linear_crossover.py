@@ -1,6 +1,6 @@
-"""Where decoding's fp32 products should go: MKL against a weight stored (in, out), or oneDNN against a weight
-packed once in its own layout, by rows and weight shape, on one thread unless --threads says more (`FrozenLinear`,
-`onednn_pays` in mt/fast/linear.py).
+"""Where decoding's fp32 products go: MKL against a weight stored (in, out), or oneDNN against a weight packed once
+in its own layout, by rows and weight shape, on one thread unless --threads says more: a grid of what `FrozenLinear`
+measures for itself at first use (`decoding_kernel` in mt/fast/linear.py), here with --cold too.
 
     python benchmarks/linear_crossover.py [--threads 1] [--rows 1 2 4 ...] [--cold]
 
