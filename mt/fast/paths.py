@@ -48,7 +48,8 @@ def transformers(model: nn.Module, contract: Contract) -> list[Transformer]:
 
 
 def declined(model: nn.Module) -> list[str]:
-    """Why each fast path that declines a Transformer in `model` does so, once each: what `mt bench` reports."""
+    """Why each fast path that declines a Transformer in `model` does so, once each: the field and value that a path
+    missing from `fast_paths` does not compute (for training and decoding paths alike, fp32 and int8)."""
     reasons = {c.declines(m.cfg) for m in model.modules() if isinstance(m, Transformer) for c in CONTRACTS}
     return sorted(r for r in reasons if r)
 
