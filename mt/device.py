@@ -62,11 +62,6 @@ def pad_multiple(device: torch.device) -> int:
     return 8 if device.type == "cuda" else 1
 
 
-def cpu_vendor() -> str:
-    """The x86 vendor string (GenuineIntel, AuthenticAMD, ...) from /proc/cpuinfo; "" where there is none."""
-    return cpuinfo("vendor_id")
-
-
 # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no bf16 multiply, and so emulates it.
 NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from mt.device import cpuinfo
+
 ROUNDS = 5  # timings of each candidate, alternating; the median counts
 SLICE_S = 0.002  # calls are repeated until one timing takes at least this long
 CLOSE = 0.03  # a candidate must be this much faster than the first named (the default) to be chosen
@@ -32,18 +34,9 @@ CLOSE = 0.03  # a candidate must be this much faster than the first named (the d
 def machine() -> dict[str, str]:
     """What decides a choice besides its shape: the CPU (its model and flags), the vector width PyTorch runs and the
     one oneDNN may use, the libraries."""
-    cpu, flags = platform.processor(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name":
-                cpu = value
-            elif key == "flags":
-                flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:12]
-                break
-    except OSError:  # no /proc (macOS): the processor's name alone
-        pass
-    return {"cpu": cpu, "flags": flags, "capability": torch.backends.cpu.get_cpu_capability(),
+    flags = hashlib.sha256(" ".join(sorted(cpuinfo("flags").split())).encode()).hexdigest()[:12]
+    return {"cpu": cpuinfo("model name") or platform.processor(), "flags": flags,
+            "capability": torch.backends.cpu.get_cpu_capability(),
             "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""), "torch": torch.__version__}
 
 
