@@ -57,7 +57,9 @@ def respond(query: Query, src: str, texts: list[str], missed: list[list[dict]] |
 
 
 async def fields(request: Request) -> dict:
-    """The body's fields: a JSON object, or a form (a field given more than once: the list of its values)."""
+    """The request's fields as LibreTranslate reads them (Flask's `request.values`): a JSON body's object; else the
+    query string's fields, then a form's for the keys the query string lacks (deep-translator sends everything in
+    the query string, with no body). A field given more than once: the list of its values."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json":
         try:
@@ -67,19 +69,32 @@ async def fields(request: Request) -> dict:
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object with q, source and target")
         return body
+    query = grouped(strict_pairs(request.scope.get("query_string", b""), "query string"))
     if kind == "application/x-www-form-urlencoded":  # read here, strictly: Starlette turns bad UTF-8 into U+FFFD
-        try:
-            pairs = parse_qsl((await request.body()).decode("utf-8"), keep_blank_values=True, errors="strict")
-        except UnicodeDecodeError as error:
-            raise ApiError(400, f"the form is not valid UTF-8 ({error.reason}): send its text encoded as UTF-8, "
-                                f"then %-escaped") from None
+        pairs = strict_pairs(await request.body(), "form")
     elif kind == "multipart/form-data":
         async with request.form() as form:  # closes what it spooled of file fields
             pairs = list(form.multi_items())
+    elif query:
+        pairs = []
     else:
-        raise ApiError(415, f"the body must be JSON or a form: send Content-Type: application/json (or "
-                            f"application/x-www-form-urlencoded), not {kind or 'none'}")
-    grouped: dict[str, list] = {}
+        raise ApiError(415, f"the body must be JSON or a form, or the fields in the query string: send "
+                            f"Content-Type: application/json (or application/x-www-form-urlencoded), not "
+                            f"{kind or 'none'}")
+    return grouped(pairs) | query
+
+
+def strict_pairs(raw: bytes, where: str) -> list[tuple[str, str]]:
+    """The fields of %-escaped `raw` (a form, a query string), refused unless they are UTF-8."""
+    try:
+        return parse_qsl(raw.decode("utf-8"), keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError as error:
+        raise ApiError(400, f"the {where} is not valid UTF-8 ({error.reason}): send its text encoded as UTF-8, "
+                            f"then %-escaped") from None
+
+
+def grouped(pairs: list[tuple[str, object]]) -> dict:
+    fields: dict[str, list] = {}
     for key, value in pairs:
-        grouped.setdefault(key, []).append(value)
-    return {key: values if len(values) > 1 else values[0] for key, values in grouped.items()}
+        fields.setdefault(key, []).append(value)
+    return {key: values if len(values) > 1 else values[0] for key, values in fields.items()}

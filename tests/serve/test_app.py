@@ -80,13 +80,22 @@ def test_libretranslate_requests_in_every_shape_its_clients_send(checkpoint, tmp
             many = await c.post("/translate", json={"q": LINES, "source": "auto", "target": "en", "api_key": "k1"})
             form = await c.post("/translate", data={"q": LINES[2], "source": "de", "target": "en", "api_key": "k1",
                                                     "format": "text"})
+            # deep-translator's LibreTranslator: every field in the query string, no body
+            query = await c.post("/translate", params={"q": LINES[0], "source": "de", "target": "en",
+                                                       "format": "text", "api_key": "k1"})
+            mixed = await c.post("/translate", params={"api_key": "k1"}, data={"q": LINES[2], "source": "de",
+                                                                               "target": "en"})
+            refused = [await c.post("/translate", params={"q": LINES[0], "source": "de", "target": "en", **key})
+                       for key in ({}, {"api_key": "k2"})]
             languages = await c.get("/languages")
-            return single, many, form, languages
+            return single, many, form, query, mixed, refused, languages
 
-    single, many, form, languages = run(go())
+    single, many, form, query, mixed, refused, languages = run(go())
     assert single.json() == {"translatedText": expected[0]}
     assert many.json()["translatedText"] == expected and many.json()["detectedLanguage"][0]["language"] == "de"
     assert form.json() == {"translatedText": expected[2]}
+    assert query.json() == {"translatedText": expected[0]} and mixed.json() == {"translatedText": expected[2]}
+    assert [r.status_code for r in refused] == [401, 403]  # no key, a wrong one: in the query string as in a body
     assert languages.json() == [{"code": "de", "name": "German", "targets": ["en"]}]
 
 
@@ -256,6 +265,7 @@ def wait_ready(url: str, process: subprocess.Popen) -> None:
 
 
 def test_a_real_server_answers_a_libretranslate_client_and_stops_cleanly_on_sigterm(checkpoint, tmp_path):
+    from deep_translator import LibreTranslator
     from libretranslatepy import LibreTranslateAPI
 
     port = free_port()
@@ -267,6 +277,9 @@ def test_a_real_server_answers_a_libretranslate_client_and_stops_cleanly_on_sigt
         wait_ready(url, process)
         expected = mt_translate(checkpoint, LINES, tmp_path)
         assert LibreTranslateAPI(url + "/").translate(LINES[0], "de", "en") == expected[0]
+        deep = LibreTranslator(source="de", target="en", custom_url=url + "/", use_free_api=False, api_key="any")
+        assert deep.translate(LINES[0]) == expected[0]  # a key the server, which has none, ignores
+        assert deep.translate_batch([LINES[0], LINES[2]]) == [expected[0], expected[2]]
         answers = []
         many = LINES * 50  # in flight when SIGTERM comes
         sender = threading.Thread(target=lambda: answers.append(httpx.post(
