@@ -144,7 +144,7 @@ def create_app(models: dict[str, Served], options: ServeOptions | None = None) -
 
 
 def add_info_routes(app: FastAPI) -> None:
-    models, metrics = app.state.models, app.state.metrics
+    models, metrics, options = app.state.models, app.state.metrics, app.state.options
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -166,6 +166,16 @@ def add_info_routes(app: FastAPI) -> None:
     @app.get("/v1/models")
     async def list_models():
         return {"models": [describe(m) for m in models.values()]}
+
+    @app.get("/frontend/settings")
+    async def frontend_settings():
+        """What LibreTranslate's page and apps read first, with its fields; files and suggestions are not served."""
+        first = next(iter(models.values()))
+        return {"charLimit": options.max_chars, "frontendTimeout": int(options.timeout * 1000),
+                "apiKeys": bool(options.api_keys), "keyRequired": bool(options.api_keys), "suggestions": False,
+                "filesTranslation": False, "supportedFilesFormat": [],
+                "language": {side: {"code": code, "name": LANGUAGE_NAMES.get(code, code)}
+                             for side, code in (("source", first.src), ("target", first.tgt))}}
 
     @app.get("/languages")
     async def languages():

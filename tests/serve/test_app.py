@@ -88,15 +88,20 @@ def test_libretranslate_requests_in_every_shape_its_clients_send(checkpoint, tmp
             refused = [await c.post("/translate", params={"q": LINES[0], "source": "de", "target": "en", **key})
                        for key in ({}, {"api_key": "k2"})]
             languages = await c.get("/languages")
-            return single, many, form, query, mixed, refused, languages
+            settings = await c.get("/frontend/settings")
+            return single, many, form, query, mixed, refused, languages, settings
 
-    single, many, form, query, mixed, refused, languages = run(go())
+    single, many, form, query, mixed, refused, languages, settings = run(go())
     assert single.json() == {"translatedText": expected[0]}
     assert many.json()["translatedText"] == expected and many.json()["detectedLanguage"][0]["language"] == "de"
     assert form.json() == {"translatedText": expected[2]}
     assert query.json() == {"translatedText": expected[0]} and mixed.json() == {"translatedText": expected[2]}
     assert [r.status_code for r in refused] == [401, 403]  # no key, a wrong one: in the query string as in a body
     assert languages.json() == [{"code": "de", "name": "German", "targets": ["en"]}]
+    assert settings.json() == {"charLimit": 5000, "frontendTimeout": 60000, "apiKeys": True, "keyRequired": True,
+                               "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                               "language": {"source": {"code": "de", "name": "German"},
+                                            "target": {"code": "en", "name": "English"}}}
 
 
 PAGE = '<p class="x">Der Hund <b>sitzt</b> unter dem Baum. Die Katze läuft.</p>\n<pre>der hund</pre>'
