@@ -6,11 +6,17 @@ from __future__ import annotations
 import functools
 import os
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mt.errors import MtError
+
+
+def cache_dir() -> Path:
+    """mt's cache on this machine: `$MT_CACHE`, default ~/.cache/mt (downloads, the C library, kernel choices)."""
+    return Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser()
 
 
 def pick_device(name: str) -> torch.device:

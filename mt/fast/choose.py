@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from mt.device import cpuinfo
+from mt.device import cache_dir, cpuinfo
 
 ROUNDS = 5  # timings of each candidate, alternating; the median counts
 SLICE_S = 0.002  # calls are repeated until one timing takes at least this long
@@ -43,8 +43,7 @@ def machine() -> dict[str, str]:
 def path() -> Path:
     """This machine's file of choices, in mt's cache (`$MT_CACHE`, default ~/.cache/mt)."""
     key = hashlib.sha256(json.dumps(machine(), sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "choices"
-    return folder / f"{key}.json"
+    return cache_dir() / "choices" / f"{key}.json"
 
 
 LOCK = threading.RLock()  # one measurement at a time in a process: a measurement may ask for another's choice

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from mt.data.tokenizer import PAD
+from mt.device import cache_dir
 from mt.errors import MtError
 from mt.fast.choose import choice
 from mt.fast.contract import NATIVE_ENCODE, NATIVE_STEP
@@ -146,7 +147,7 @@ def compiled(compiler: list[str], flags: list[str]) -> Path:
     not there."""
     code = b"".join(source.read_bytes() for source in SOURCES)
     key = hashlib.sha256(code + " ".join([*compiler, *flags]).encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("MT_CACHE") or Path.home() / ".cache" / "mt").expanduser() / "native"
+    folder = cache_dir() / "native"
     path = folder / f"native_step-{key}.so"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
@@ -200,17 +201,24 @@ def shape_of(model: Transformer, part: str) -> str:
     return f"{layers} layers of {cfg.d_model}x{cfg.d_ff}, {cfg.n_heads} heads, {cfg.norm}-norm, vocabulary {vocab}"
 
 
-def crossover(question: str, sizes: tuple[int, ...], plain: Callable[[int], Callable[[], object]],
-              native: Callable[[int], Callable[[], object]]) -> int:
-    """The largest of `sizes` (ascending) up to which the C code is measured the faster at each size, 0 if at none:
-    `question` names the part, its shape and the threads, `plain(size)` and `native(size)` give the calls timed."""
-    most = 0
-    with torch.inference_mode():
-        for size in sizes:
-            if choice(f"{question}, {size}", {"pytorch": plain(size), "c": native(size)}) != "c":
-                break
-            most = size
-    return most
+def measured_limit(fixed: int | None, limits: dict[int, int], question: str, sizes: tuple[int, ...],
+                   plain: Callable[[int], Callable[[], object]], native: Callable[[int], Callable[[], object]]) -> int:
+    """`fixed` if set; else the largest of `sizes` (ascending) up to which the C code is measured the faster at each
+    size, 0 if at none, once for each thread count (kept in `limits`). `question` names the part, its shape and the
+    unit of `sizes`; `plain(size)` and `native(size)` give the calls timed."""
+    if fixed is not None:
+        return fixed
+    threads = torch.get_num_threads()
+    if threads not in limits:
+        part, _, unit = question.rpartition(", ")
+        limits[threads] = 0
+        with torch.inference_mode():
+            for size in sizes:
+                if choice(f"{part}, {threads} threads, {unit}, {size}", {"pytorch": plain(size),
+                                                                         "c": native(size)}) != "c":
+                    break
+                limits[threads] = size
+    return limits[threads]
 
 
 # Rows timed for the C step's crossover, and source positions (sentences of 16) for the encoder's
@@ -258,15 +266,9 @@ class NativeDecodeStep:
     def rows_limit(self) -> int:
         """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this
         model at the threads PyTorch runs (mt/fast/choose.py), once."""
-        if self.max_rows is not None:
-            return self.max_rows
-        threads = torch.get_num_threads()
-        if threads not in self.limits:
-            self.limits[threads] = crossover(
-                f"decoding step in C or PyTorch, {self.precision}, {shape_of(self.model, 'decoder')}, {threads} "
-                "threads, rows", STEP_ROWS, lambda rows: self.timed(rows, self.plain),
-                lambda rows: self.timed(rows, None))
-        return self.limits[threads]
+        return measured_limit(self.max_rows, self.limits, f"decoding step in C or PyTorch, {self.precision}, "
+                              f"{shape_of(self.model, 'decoder')}, rows", STEP_ROWS,
+                              lambda rows: self.timed(rows, self.plain), lambda rows: self.timed(rows, None))
 
     def timed(self, rows: int, plain: Callable | None) -> Callable[[], object]:
         """A step of `rows` rows to time, in PyTorch (`plain`) or in C (None): a sentence a row, 16 source positions
@@ -359,15 +361,9 @@ class NativeEncode:
     def positions_limit(self) -> int:
         """Up to how many source positions (sentences x length) the C encoder takes a batch: `max_rows` if set, else
         as measured on this machine for this model at the threads PyTorch runs (the C encoder runs on one), once."""
-        if self.max_rows is not None:
-            return self.max_rows
-        threads = torch.get_num_threads()
-        if threads not in self.limits:
-            self.limits[threads] = crossover(
-                f"encoder in C or PyTorch, {self.precision}, {shape_of(self.model, 'encoder')}, {threads} threads, "
-                "source positions", ENCODE_POSITIONS, lambda n: self.timed(n, self.plain),
-                lambda n: self.timed(n, self.run))
-        return self.limits[threads]
+        return measured_limit(self.max_rows, self.limits, f"encoder in C or PyTorch, {self.precision}, "
+                              f"{shape_of(self.model, 'encoder')}, source positions", ENCODE_POSITIONS,
+                              lambda n: self.timed(n, self.plain), lambda n: self.timed(n, self.run))
 
     def timed(self, positions: int, encode: Callable[[Tensor], object]) -> Callable[[], object]:
         """An encoding of `positions` source positions to time: sentences of 16 (fewer for a shorter model)."""
