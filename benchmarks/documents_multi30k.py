@@ -25,10 +25,11 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from mt.decode.documents import finish, read_document
 from mt.decode.search import SearchOptions
 from mt.decode.translate import load_any, plan_documents, translate_documents, translate_stream
 from mt.device import pick_device
+from mt.documents.formats import read_document
+from mt.documents.sentences import finish
 
 
 def read(path: Path) -> list[str]:

@@ -58,7 +58,7 @@ def splitters(lang: str):
     import pysbd
     import sentencex
 
-    from mt.decode.documents import missing_stops, split_sentences
+    from mt.documents.sentences import missing_stops, split_sentences
 
     def mt_split(texts: list[str]) -> list[list[str]]:
         spans = missing_stops(texts, [split_sentences(text, lang, sentencex.segment) for text in texts])

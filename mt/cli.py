@@ -19,6 +19,7 @@ import mt.data.prepare
 import mt.decode.tune
 from mt import __version__
 from mt.cli_bench import bench_app
+from mt.documents.formats import FORMATS
 from mt.errors import MtError
 from mt.options import DEVICE, SERVE, TranslateRequest
 
@@ -194,7 +195,7 @@ def translate(
                        typer.Option("--compile", help="Compile the decoding step (torch.compile) at load, about a "
                                                       "minute on 2 cores: then faster on small batches, a third less "
                                                       "time for a lone sentence on CPU.")] = TranslateRequest.compile,
-    format: Annotated[Literal["lines", "text", "html", "srt"],
+    format: Annotated[Literal[FORMATS],
                       typer.Option("--format", help="lines: one sentence a line. A document, read whole, cut into "
                                                     "sentences (the documents extra) and written back translated: "
                                                     "text (paragraphs between blank lines), html (tags kept), srt "

@@ -33,7 +33,7 @@ class TranslateRequest:
     engine: str = "auto"  # mt, ctranslate2 (an `mt export` directory), or auto: which of the two the path is
     to: str | None = None  # the target language: a two-way model's other direction; None: the checkpoint's
     compile: bool = False  # torch.compile the decoding step (mt.fast.compiled.compile_decoding)
-    format: str = "lines"  # or a document: text (paragraphs), html, srt (mt/decode/documents.py)
+    format: str = "lines"  # or a document: text (paragraphs), html, srt (mt/documents/)
     glossary: Path | None = None  # a TSV of terms: source term, tab, target term (mt/decode/glossary.py)
     glossary_method: str | None = None  # constrain or replace; None: the best the model can do
 

@@ -109,6 +109,19 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_file(path: str | Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path` and rename it into place when complete."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise cannot_write(path, e) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def check_output(path: str | Path, option: str, create_parent: bool = False) -> None:
     """Before any work: a file can be written at `path` (its directory exists, or with `create_parent` can be
     created, and is writable; no directory is in the way); else `MtError` naming the option, the path and the fix."""

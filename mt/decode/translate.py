@@ -9,7 +9,7 @@ which maps what it does not know to <unk>. The attention option of the same stre
 translations once more, teacher-forced, for alignments and heatmaps (see mt/decode/alignments.py). A glossary
 (mt/decode/glossary.py) prepares each chunk's lines for the search, and each best translation is checked for its
 terms: a warning on stderr names a line that misses one. With --format, the input is a document, read whole: cut
-into sentences by mt/decode/documents.py, translated together by the same path (`translate_documents`), and put
+into sentences by mt/documents/, translated together by the same path (`translate_documents`), and put
 back together.
 """
 
@@ -32,16 +32,18 @@ from mt.data.lines import (
     check_output_dir,
     read_lines,
     read_text,
+    write_file,
     write_lines,
 )
 from mt.decode.alignments import alignments, heatmap, pair_attention, pharaoh, to_pieces
 from mt.decode.ctranslate2 import is_export
 from mt.decode.ctranslate2 import load as load_exported
-from mt.decode.documents import Document, Plan, finish, plan, read_document, splitter
 from mt.decode.glossary import Glossary, apply, check_method, default_method, missed, read_glossary, warn_missed
 from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
+from mt.documents.formats import FILE_FORMATS, read_document, read_file
+from mt.documents.sentences import Document, Plan, finish, plan, splitter
 from mt.errors import MtError
 from mt.fast.compiled import compile_decoding
 from mt.fast.frozen import quantized
@@ -79,6 +81,16 @@ def run(request: TranslateRequest) -> None:
     """
     glossary = glossary_option(request)  # before the model loads: a bad file is refused at once
     loaded, opts, device = load(request)
+    if request.format in FILE_FORMATS:
+        name = str(request.input or "stdin")
+        data = read_file_bytes(request.input) if request.input else sys.stdin.buffer.read()
+        [out] = translate_documents(loaded, [read_file(request.format, data, name)], opts, device, glossary)
+        if request.output is None:
+            sys.stdout.buffer.write(out)
+            sys.stdout.flush()
+        else:
+            write_file(request.output, out)
+        return
     if request.format != "lines":
         lines = list(read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True))
         [text] = translate_documents(loaded, [read_document(request.format, lines, str(request.input or "stdin"))],
@@ -225,6 +237,14 @@ def output_lines(translated: Iterable[Translated], aligned: list[str]) -> Iterat
         yield from result.lines
 
 
+def read_file_bytes(path: Path) -> bytes:
+    """A document file's bytes, whole; MtError for one that cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise MtError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
 def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str, len_penalty: float | None = None
                    ) -> list[str]:
     """The translation of each line of `src` by `checkpoint` (or a CTranslate2 export), with its decode config
@@ -283,7 +303,7 @@ def translate_lines(loaded: Loaded, lines: list[str], opts: SearchOptions, devic
 
 
 def translate_documents(loaded: Loaded, documents: list[Document], opts: SearchOptions, device: torch.device,
-                        glossary: Glossary | None = None) -> list[str]:
+                        glossary: Glossary | None = None) -> list[str | bytes]:
     """Each document translated: its sentences all searched together (with `glossary`'s terms placed in each),
     each put back in its place. With a glossary, a warning names each sentence whose translation misses a term."""
     todo = plan_documents(loaded, documents)
@@ -296,7 +316,7 @@ def translate_documents(loaded: Loaded, documents: list[Document], opts: SearchO
 
 
 def plan_documents(loaded: Loaded, documents: list[Document]) -> Plan:
-    """The sentences of `documents` to translate (mt/decode/documents.py), cut by the rules of the model's source
+    """The sentences of `documents` to translate (mt/documents/sentences.py), cut by the rules of the model's source
     language to what it takes whole."""
     langs = loaded.state.get("langs") or (loaded.state.get("export") or {}).get("langs") or {}
     return plan(documents, langs.get("src") or "en", lambda texts: [len(ids) for ids in loaded.src_tok.encode(texts)],

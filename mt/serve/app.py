@@ -3,7 +3,7 @@
 The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients work unchanged; mt's own
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` html, and text
-and srt in mt's own), cut into sentences and put back together by mt/decode/documents.py. Concurrent requests are
+and srt in mt's own), cut into sentences and put back together by mt/documents/. Concurrent requests are
 batched together by mt/serve/batcher.py. Limits (characters per line, lines per request, queue room, a timeout per
 request) answer with a status and `{"error": ...}`, never by falling over: mt/serve/checks.py judges each request
 before it is queued, mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too
@@ -30,12 +30,13 @@ from pydantic import BaseModel, Field
 
 from mt.decode.alignments import alignments as hard_alignments
 from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
-from mt.decode.documents import finish, read_document, splitter
 from mt.decode.glossary import Glossary, missed
 from mt.decode.load import Loaded
 from mt.decode.search import Hypothesis, SearchOptions
 from mt.decode.translate import compiled, encode_lines, load_any, plan_documents, translate_lines
 from mt.device import pick_device
+from mt.documents.formats import read_document
+from mt.documents.sentences import finish, splitter
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
 from mt.serve.batcher import Batcher, QueueFull, Settings

@@ -1,5 +1,5 @@
 """LibreTranslate's `POST /translate`, as its clients send it: JSON or a form, `q` a string or a list, `source`
-(or "auto"), `target`, `format` ("text": each `q` a line; "html": each a document, mt/decode/documents.py), and
+(or "auto"), `target`, `format` ("text": each `q` a line; "html": each a document, mt/documents/), and
 `api_key` in the body; and mt's own `glossary` (with `glossary_method`), as /v1/translate takes it, answered with
 `glossaryMissed`."""
 

@@ -1,4 +1,4 @@
-"""HTML in, HTML out (mt/decode/markup.py, through mt/decode/documents.py): tags kept, text translated and escaped,
+"""HTML in, HTML out (mt/documents/html.py, through mt/documents/sentences.py): tags kept, text translated and escaped,
 inline tags kept in order around the sentences they were in, untouched elements untouched."""
 
 from html.parser import HTMLParser
@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 pytest.importorskip("sentencex")
 
-from mt.decode.documents import finish, plan, read_document  # noqa: E402
+from mt.documents.formats import read_document  # noqa: E402
+from mt.documents.sentences import finish, plan  # noqa: E402
 from mt.errors import MtError  # noqa: E402
 
 

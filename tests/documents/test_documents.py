@@ -1,4 +1,4 @@
-"""Documents in, documents out (mt/decode/documents.py): paragraphs and subtitles cut into sentences and put back
+"""Documents in, documents out (mt/documents/): paragraphs and subtitles cut into sentences and put back
 together, nothing dropped; and `mt translate --format` around them, end to end on a tiny model."""
 
 import sys
@@ -12,8 +12,9 @@ pytest.importorskip("sentencex")
 
 from mt import checkpoint  # noqa: E402
 from mt.cli import app  # noqa: E402
-from mt.decode.documents import finish, fit, plan, read_document  # noqa: E402
 from mt.decode.translate import plan_documents, source_limit  # noqa: E402
+from mt.documents.formats import read_document  # noqa: E402
+from mt.documents.sentences import finish, fit, plan  # noqa: E402
 from mt.errors import MtError  # noqa: E402
 
 from ..conftest import assert_refused, tiny_model  # noqa: E402

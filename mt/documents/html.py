@@ -1,4 +1,4 @@
-"""HTML for mt/decode/documents.py: the text of each block out as a unit to translate, the translations back in,
+"""HTML for mt/documents/sentences.py: the text of each block out as a unit to translate, the translations back in,
 with the standard library's html.parser.
 
 A unit is the text between two block boundaries: any tag but the inline ones (<b>, <a>, <span>, ...), so that a

@@ -1,11 +1,11 @@
-"""Documents in, documents out (`mt translate --format text|html|srt`, and mt serve's `format`).
+"""Sentences of documents: each unit of text a format's reader gives (mt/documents/formats.py) cut into sentences,
+the sentences of all the documents at hand planned as one list of parts to translate, and the translations put
+back in their places.
 
-A document is cut into units: a paragraph (lines between blank lines: a line break inside one is a soft wrap), a
-subtitle cue's text, the text of an HTML block (mt/decode/markup.py). Each unit is cut into sentences by sentencex,
-and again where the document shows a stop is missing (`missing_stops`); the sentences of all the documents at hand
-are translated together, through the one path of mt/decode/translate.py (`Plan.parts` in, their translations to
-`finish`). Each translation takes its sentence's place; the whitespace between sentences, blank lines, cue numbers
-and timings, tags and attributes stay as they were. Nothing is cut off or dropped: a sentence longer than the model
+Each unit is cut into sentences by sentencex, and again where the document shows a stop is missing
+(`missing_stops`); the sentences of all the documents at hand are translated together, through the one path of
+mt/decode/translate.py (`Plan.parts` in, their translations to `finish`). Each translation takes its sentence's
+place; what is between sentences stays as it was. Nothing is cut off or dropped: a sentence longer than the model
 takes is cut at a safe point (punctuation, else a space) and its parts translated one by one; a sentence without a
 letter is kept as it is, and so is one the model translates to nothing.
 
@@ -20,17 +20,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mt.decode.markup import html_document
 from mt.errors import MtError
 
-FORMATS = ("lines", "text", "html", "srt")  # lines: one sentence a line, mt translate's way without --format
 SOFT = str.maketrans("\n\r\t\f\v", "     ")  # what the splitter sees of line breaks: a space, the same length
 SAFE_AFTER = ",;:.!?)]}…\"'»”’"  # a long sentence is cut after one of these, at a space, sooner than anywhere else
-NUMBER = re.compile(r"\s*\d+\s*$")
-TIMING = re.compile(r"\s*\d+:\d\d:\d\d[,.]\d{1,3}\s*-->\s*\d+:\d\d:\d\d[,.]\d{1,3}(\s.*)?$")
-MARKUP = r"(?:<[^<>]*>|\{[^{}]*\})"  # a subtitle's <i>, </font>, {\an8}
-LEADING_MARKUP = re.compile(rf"^(?:\s*{MARKUP})+")
-TRAILING_MARKUP = re.compile(rf"(?:{MARKUP}\s*)+$")
 WORD = re.compile(r"\S+")
 STARTER_MIN = 3  # sentences a word must start in a document before a missing stop is seen in front of it ...
 STARTER_RATIO = 2  # ... and how many times as often as it stands capitalized inside one
@@ -51,10 +44,10 @@ class Sentence:
 @dataclass
 class Document:
     """A document cut into units of text to translate, and how to put it back together: `render` takes each
-    unit's sentences, translated, and returns the document's text."""
+    unit's sentences, translated, and returns the document (its text, or a file format's bytes)."""
 
     units: list[str]
-    render: Callable[[list[list[Sentence]]], str]
+    render: Callable[[list[list[Sentence]]], str | bytes]  # str for a text format, bytes for a file
 
 
 @dataclass
@@ -66,28 +59,13 @@ class Plan:
     parts: list[str]
 
 
-def read_document(fmt: str, lines: list[str], name: str) -> Document:
-    """The document of `fmt` ("text", "html" or "srt") whose lines (without their line ends) are `lines`; `name`
-    (a file, or a request's text) is what an error about it says. Raises MtError for what cannot be read as one."""
-    splitter()  # the clear message for a missing splitter, before any work
-    if fmt == "text":
-        return text_document(lines)
-    if fmt == "srt":
-        return srt_document(lines, name)
-    if fmt == "html":
-        units, render = html_document("\n".join(lines), name)
-        return Document(units, lambda sentences: render([[(s.start, s.end, s.text) for s in unit]
-                                                         for unit in sentences]))
-    raise MtError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
-
-
 def splitter() -> Callable[[str, str], list[str]]:
     """sentencex's `segment(language, text)`, or MtError saying how to install it."""
     try:
         from sentencex import segment
     except ImportError:
-        raise MtError("documents (text, html, srt) are cut into sentences by sentencex, which is not installed: "
-                      "pip install 'mt[documents]' (or pip install sentencex)") from None
+        raise MtError("documents (--format other than lines) are cut into sentences by sentencex, which is not "
+                      "installed: pip install 'mt[documents]' (or pip install sentencex)") from None
     return segment
 
 
@@ -109,7 +87,7 @@ def plan(documents: list[Document], lang: str, count: Callable[[list[str]], list
     return Plan(documents, sentences, parts)
 
 
-def finish(plan: Plan, translations: list[str]) -> list[str]:
+def finish(plan: Plan, translations: list[str]) -> list[str | bytes]:
     """Each document's text, its sentences replaced by `translations` of `plan.parts` (in their order)."""
     if len(translations) != len(plan.parts):
         raise ValueError(f"{len(translations)} translations for {len(plan.parts)} parts")
@@ -192,84 +170,3 @@ def join(text: str, sentences: list[Sentence]) -> str:
         out += [text[pos:s.start], s.text]
         pos = s.end
     return "".join(out) + text[pos:]
-
-
-def text_document(lines: list[str]) -> Document:
-    """Paragraphs: runs of lines with text, between blank lines (kept as they are). A line break inside a
-    paragraph is a soft wrap: kept where it falls between two sentences, a space inside one."""
-    units: list[str] = []
-    layout: list[str | int] = []  # a blank line, or the index of a paragraph
-    for blank, group in itertools.groupby(lines, key=lambda line: not line.strip()):
-        if blank:
-            layout.extend(group)
-        else:
-            layout.append(len(units))
-            units.append("\n".join(group))
-
-    def render(sentences: list[list[Sentence]]) -> str:
-        return "\n".join(item if isinstance(item, str) else join(units[item], sentences[item]) for item in layout)
-    return Document(units, render)
-
-
-@dataclass
-class Cue:
-    """A subtitle's text: its unit, the lines it had, and the markup around it (<i>, {\\an8}), kept as it is."""
-
-    unit: int
-    lines: int
-    lead: str
-    trail: str
-
-
-def srt_document(lines: list[str], name: str) -> Document:
-    """SubRip: cues of a number, a timing line and lines of text, between blank lines. Numbers and timings are
-    kept as they are; a cue's lines are one unit, written back on as many lines as the cue had."""
-    units: list[str] = []
-    layout: list[str | Cue] = []
-    i = 0
-    while i < len(lines):
-        if not lines[i].strip():
-            layout.append(lines[i])
-            i += 1
-            continue
-        if not NUMBER.match(lines[i]):
-            raise MtError(f"{name}:{i + 1}: expected a cue number, found {lines[i][:40]!r}; is this SubRip (.srt)?")
-        if i + 1 == len(lines) or not TIMING.match(lines[i + 1]):
-            found = repr(lines[i + 1][:60]) if i + 1 < len(lines) else "the end of the file"
-            raise MtError(f"{name}:{i + 2}: a broken timing line, {found}: SubRip's is "
-                          f"HH:MM:SS,mmm --> HH:MM:SS,mmm")
-        end = next((j for j in range(i + 2, len(lines)) if not lines[j].strip()), len(lines))
-        layout += lines[i:i + 2]
-        if end > i + 2:
-            text = "\n".join(lines[i + 2:end])
-            lead = LEADING_MARKUP.match(text)
-            trail = TRAILING_MARKUP.search(text, lead.end() if lead else 0)
-            start, stop = lead.end() if lead else 0, trail.start() if trail else len(text)
-            layout.append(Cue(len(units), end - i - 2, text[:start], text[stop:]))
-            units.append(text[start:stop])
-        i = end
-
-    def render(sentences: list[list[Sentence]]) -> str:
-        out = []
-        for item in layout:
-            if isinstance(item, Cue):
-                text = join(units[item.unit], sentences[item.unit])
-                out.append(item.lead + "\n".join(wrap(text.split("\n"), item.lines)) + item.trail)
-            else:
-                out.append(item)
-        return "\n".join(out)
-    return Document(units, render)
-
-
-def wrap(lines: list[str], count: int) -> list[str]:
-    """`lines`, the longest cut in two at its space nearest the middle until there are `count` (or no space)."""
-    lines = list(lines)
-    while len(lines) < count:
-        longest = max(range(len(lines)), key=lambda i: len(lines[i]))
-        line = lines[longest]
-        spaces = [i for i, c in enumerate(line) if c == " "]
-        if not spaces:
-            break
-        cut = min(spaces, key=lambda i: abs(i - len(line) / 2))
-        lines[longest:longest + 1] = [line[:cut].rstrip(), line[cut:].lstrip()]
-    return lines
