@@ -12,6 +12,12 @@ import torch
 # in the shared cache crashed the next native run (make test runs both).
 if os.environ.get("PYTEST_XDIST_WORKER"):  # make test runs a worker per core: one thread each, not one per core each
     torch.set_num_threads(1)
+    # and so do the commands the tests start: two threads on a core the other worker keeps busy wait on each other
+    # at every parallel region, ten times slower
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# mt's cache of kernel choices and its C library, for the tests alone: choices timed while the tests load every core
+# are not the user's to keep
+os.environ.setdefault("MT_CACHE", str(Path(tempfile.gettempdir()) / "mt-tests-cache"))
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-tests-inductor" /
                                             torch.backends.cpu.get_cpu_capability())
 

@@ -29,6 +29,8 @@ from mt.device import cache_dir, cpuinfo
 ROUNDS = 5  # timings of each candidate, alternating; the median counts
 SLICE_S = 0.002  # calls are repeated until one timing takes at least this long
 CLOSE = 0.03  # a candidate must be this much faster than the first named (the default) to be chosen
+STEADY = 2.0  # a candidate's slowest timing over its fastest, above which the machine was busy: measured again ...
+TRIES = 3  # ... this many times, then the default is used and nothing kept, for a quieter process to decide
 
 
 def machine() -> dict[str, str]:
@@ -49,6 +51,7 @@ def path() -> Path:
 LOCK = threading.RLock()  # one measurement at a time in a process: a measurement may ask for another's choice
 _made: dict[Path, dict[str, dict]] = {}  # the choices read or made in this process, per file
 _asked: dict[str, None] = {}  # the questions this process asked, in order: what `mt bench` reports
+_busy: dict[str, str] = {}  # questions this process could not time steadily: the default, for this process only
 
 
 def remembered(file: Path) -> dict[str, dict]:
@@ -70,17 +73,26 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
         known = remembered(file).get(question)
         if known is not None and known.get("choice") in candidates:
             return known["choice"]
-        with torch.random.fork_rng(devices=[]):  # measuring draws nothing from the run's random stream
-            times = measured(candidates)
         first = next(iter(candidates))
+        if question in _busy:
+            return first
+        for _ in range(TRIES):
+            with torch.random.fork_rng(devices=[]):  # measuring draws nothing from the run's random stream
+                times = measured(candidates)
+            if times is not None:
+                break
+        else:  # another process kept the cores busy throughout: timings that would mislead every later run
+            _busy[question] = first
+            return first
         best = min(times, key=times.get)
         chosen = best if times[best] < times[first] * (1 - CLOSE) else first
         return keep(file, question, {"choice": chosen, "ms": {k: round(v * 1e3, 4) for k, v in times.items()}})
 
 
-def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]:
+def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float] | None:
     """Seconds a call of each candidate takes: warmed up, repeated to a measurable slice, the median of ROUNDS
-    timings taken in turn, so that the machine's noise falls on every candidate alike."""
+    timings taken in turn, so that the machine's noise falls on every candidate alike; None when a candidate's
+    timings spread more than STEADY times (the machine was busy)."""
     reps = {}
     for name, call in candidates.items():
         call()  # the first call pays for allocation, packing and the library's own set-up
@@ -94,6 +106,8 @@ def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]
             for _ in range(reps[name]):
                 call()
             times[name].append((time.perf_counter() - start) / reps[name])
+    if any(max(t) > STEADY * min(t) for t in times.values()):
+        return None
     return {name: statistics.median(t) for name, t in times.items()}
 
 
