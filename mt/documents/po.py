@@ -152,15 +152,14 @@ def fill(entry: Entry, lines: list[str], raw: list[bytes], translations: list[st
 
 
 def fuzzy(entry: Entry, lines: list[str], raw: list[bytes]) -> dict[int, list[bytes]]:
-    """The edit that marks `entry` fuzzy: `, fuzzy` after its flags, or a flags line of its own before its
-    previous msgid (`#|`) or its msgctxt/msgid, where gettext puts it."""
+    """The edit that marks `entry` fuzzy: `fuzzy` first in its flags, or a flags line of its own before its
+    previous msgid (`#|`) or its msgctxt/msgid: where gettext puts it."""
     flags = [i for i in entry.comments if lines[i].lstrip().startswith("#,")]
     if flags:
         if "fuzzy" in re.split(r"[\s,]+", lines[flags[0]]):
             return {}
         line = lines[flags[0]]
-        eol = "\r" if line.endswith("\r") else ""
-        return {flags[0]: [(line.removesuffix("\r") + ", fuzzy" + eol).encode("ascii")]}
+        return {flags[0]: [line.replace("#,", "#, fuzzy,", 1).encode("ascii")]}  # first, as gettext writes it
     before = min([i for i in entry.comments if lines[i].lstrip().startswith("#|")] + [entry.first])
     return {before: [b"#, fuzzy" + (b"\r" if lines[before].endswith("\r") else b""), raw[before]]}
 

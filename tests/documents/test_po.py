@@ -98,7 +98,7 @@ def test_untranslated_entries_are_filled_and_marked_fuzzy_and_every_other_line_s
         assert (old.comment, old.tcomment, old.occurrences, old.previous_msgid) == \
                (new.comment, new.tcomment, new.occurrences, new.previous_msgid)
         filled = not old.obsolete and not old.translated()
-        assert new.flags == old.flags + ["fuzzy"] * filled
+        assert new.flags == ["fuzzy"] * filled + old.flags
         if not filled:
             assert (new.msgstr, new.msgstr_plural) == (old.msgstr, old.msgstr_plural)
     entries = {(e.msgctxt, e.msgid): e for e in after}
@@ -115,7 +115,7 @@ def test_untranslated_entries_are_filled_and_marked_fuzzy_and_every_other_line_s
     # In the file: only msgstr lines and flags lines changed, and each new flags line is where gettext puts it.
     changed = [line for line in difflib.ndiff(PO.split("\n"), out.decode().split("\n")) if line[:1] in "+-"]
     assert all(line[2:].startswith(("msgstr", '"', "#, ")) for line in changed), changed
-    assert "#, c-format, fuzzy\n#| msgid" in out.decode()
+    assert "#, fuzzy, c-format\n#| msgid" in out.decode()
     assert '#: src/menu.py:4\n#, fuzzy\nmsgctxt "button"' in out.decode()
     if shutil.which("msgfmt"):  # GNU gettext's own check: format strings, plural forms, line breaks, header
         checked = subprocess.run(["msgfmt", "--check", "--use-fuzzy", "-o", "/dev/null", "-"], input=out,
