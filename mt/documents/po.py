@@ -71,6 +71,9 @@ def po_document(data: bytes, name: str) -> Document:
         raise MtError(f"{name}:{line}: not {charset}, the charset its header names ({error.reason}); convert it "
                       f"with iconv, or correct the header's charset") from None
     raw = data.split(b"\n")
+    if len(raw) != len(lines):  # a codec that spells a line break otherwise: not one gettext reads
+        raise MtError(f"{name}: charset {charset} breaks lines where gettext does not; convert the file to UTF-8 "
+                      f"(msgconv -t UTF-8)")
     entries = list(read_entries(lines, name))
     header = entries[0] if entries and is_header(entries[0]) else None
     found = NPLURALS.search(header.msgstr[0].text) if header else None

@@ -148,6 +148,7 @@ def write_target(unit: Unit, sentences: list[Sentence], ns: str) -> None:
         space = unit.source.get("{http://www.w3.org/XML/1998/namespace}space")
         if space is not None:
             target.set("{http://www.w3.org/XML/1998/namespace}space", space)
+        unit.target = target  # a second render rewrites this one
     for child in list(target):
         target.remove(child)
     target.text = None

@@ -193,6 +193,15 @@ def test_nothing_left_to_translate_leaves_the_file_as_it_was():
     assert format_of("a.xlf") == format_of("a.XLIFF") == "xliff"
 
 
+def test_a_segmented_trans_unit_gets_its_target_segmented_alike():
+    source = (f'<xliff version="1.2" xmlns="{V1}"><file><body><trans-unit id="1"><source>One cat. Two dogs.</source>'
+              '<seg-source><mrk mtype="seg" mid="1">One cat.</mrk> <mrk mtype="seg" mid="2">Two dogs.</mrk>'
+              '</seg-source></trans-unit></body></file></xliff>').encode()
+    unit = etree.fromstring(translated(source)).find(f".//{{{V1}}}trans-unit")
+    assert [etree.QName(child).localname for child in unit] == ["source", "seg-source", "target"]
+    assert inner(unit[2]) == '<mrk mtype="seg" mid="1">ONE CAT.</mrk> <mrk mtype="seg" mid="2">TWO DOGS.</mrk>'
+
+
 def as_codes(markup: str) -> str:
     """test_html's inline markup as XLIFF 1.2 codes: each element a <g>, each image an <x/> or a <ph> in turn."""
     count = iter(range(10_000))
