@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mt.documents.html import html_document
+from mt.documents.po import po_document
 from mt.documents.sentences import Document, splitter
 from mt.documents.text import srt_document, text_document
+from mt.documents.xliff import xliff_document
 from mt.errors import MtError
 
 
@@ -22,9 +24,13 @@ TEXT_FORMATS: dict[str, Callable[[list[str], str], Document]] = {
     "html": html,
     "srt": srt_document,
 }
-FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {}
+FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {
+    "po": po_document,
+    "xliff": xliff_document,
+}
 FORMATS = ("lines", *TEXT_FORMATS, *FILE_FORMATS)  # lines: one sentence a line, mt translate's way without --format
-SUFFIXES = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".srt": "srt"} | {
+SUFFIXES = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".srt": "srt",
+            ".pot": "po", ".xlf": "xliff"} | {  # a POT translated is a PO
     f".{fmt}": fmt for fmt in FILE_FORMATS}
 
 
