@@ -4,6 +4,7 @@ bytes (a zip of XML, or a text file that declares its own encoding) and renders 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from mt.documents.html import html_document
@@ -22,7 +23,25 @@ TEXT_FORMATS: dict[str, Callable[[list[str], str], Document]] = {
     "html": html,
     "srt": srt_document,
 }
-FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {}
+
+
+def needs_lxml(module: str, reader: str) -> Callable[[bytes, str], Document]:
+    """The reader `reader` of mt.documents.`module`, imported when first called: it needs lxml (the documents
+    extra), which mt needs for nothing else."""
+    def read(data: bytes, name: str) -> Document:
+        try:
+            import lxml  # noqa: F401
+        except ImportError:
+            raise MtError("Word, PowerPoint, OpenDocument and EPUB files are read with lxml, which is not "
+                          "installed: pip install 'mt[documents]' (or pip install lxml)") from None
+        return getattr(importlib.import_module(f"mt.documents.{module}"), reader)(data, name)
+    return read
+
+
+FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {
+    "docx": needs_lxml("ooxml", "docx_document"),
+    "pptx": needs_lxml("ooxml", "pptx_document"),
+}
 FORMATS = ("lines", *TEXT_FORMATS, *FILE_FORMATS)  # lines: one sentence a line, mt translate's way without --format
 SUFFIXES = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".srt": "srt"} | {
     f".{fmt}": fmt for fmt in FILE_FORMATS}
