@@ -41,6 +41,8 @@ def needs_lxml(module: str, reader: str) -> Callable[[bytes, str], Document]:
 FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {
     "docx": needs_lxml("ooxml", "docx_document"),
     "pptx": needs_lxml("ooxml", "pptx_document"),
+    "odt": needs_lxml("opendocument", "odt_document"),
+    "odp": needs_lxml("opendocument", "odp_document"),
 }
 FORMATS = ("lines", *TEXT_FORMATS, *FILE_FORMATS)  # lines: one sentence a line, mt translate's way without --format
 SUFFIXES = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".srt": "srt"} | {
