@@ -43,6 +43,7 @@ FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {
     "pptx": needs_lxml("ooxml", "pptx_document"),
     "odt": needs_lxml("opendocument", "odt_document"),
     "odp": needs_lxml("opendocument", "odp_document"),
+    "epub": needs_lxml("epub", "epub_document"),
 }
 FORMATS = ("lines", *TEXT_FORMATS, *FILE_FORMATS)  # lines: one sentence a line, mt translate's way without --format
 SUFFIXES = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".srt": "srt"} | {
