@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from mt.documents.runs import Run
-from mt.documents.safe import parse_xml, read_zip
+from mt.documents.safe import a, parse_xml, read_zip
 from mt.documents.sentences import Document
 from mt.documents.zipped import XmlPart, required, runs_section, xml_part, zip_document
 from mt.errors import MtError
@@ -80,7 +80,7 @@ def text_parts(parts: dict[str, bytes], file: str, office: Office) -> list[tuple
         if part and (last in office.text or last in office.masters):
             found[part] = last in office.masters
     if main is None:
-        raise MtError(f"{file}: no {office.main} (the main part) in the zip: not a {office.kind}, or a damaged one")
+        raise MtError(f"{file}: no {office.main} (the main part) in the zip: not {a(office.kind)}, or a damaged one")
     return [(xml_part(parts, part, file), found[part]) for part in parts if part in found]
 
 

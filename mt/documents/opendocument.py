@@ -15,7 +15,7 @@ from __future__ import annotations
 from lxml import etree
 
 from mt.documents.runs import Run
-from mt.documents.safe import parse_xml, read_zip
+from mt.documents.safe import a, parse_xml, read_zip
 from mt.documents.sentences import Document
 from mt.documents.zipped import required, runs_section, xml_part, zip_document
 from mt.errors import MtError
@@ -45,7 +45,7 @@ def opendocument(data: bytes, name: str, fmt: str) -> Document:
     parts = read_zip(data, name, kind)
     found = parts.get("mimetype", mime.encode()).decode("ascii", "replace").strip()
     if not found.startswith(mime):
-        raise MtError(f"{name}: its mimetype is {found[:80]!r}, not an {kind} ({mime}): is --format {fmt} right?")
+        raise MtError(f"{name}: its mimetype is {found[:80]!r}, not {a(kind)} ({mime}): is --format {fmt} right?")
     refuse_encrypted(parts, name)
     required(parts, "content.xml", name, kind)
     content = xml_part(parts, "content.xml", name)

@@ -24,16 +24,21 @@ def check_size(data: bytes, name: str) -> None:
         raise MtError(f"{name}: {len(data):,} bytes, more than the {MAX_FILE_BYTES:,} a document may have")
 
 
+def a(kind: str) -> str:
+    """`kind` with its article: a Word document, an EPUB."""
+    return ("an " if kind[:1] in "AEIOU" else "a ") + kind
+
+
 def read_zip(data: bytes, name: str, kind: str) -> dict[str, bytes]:
     """Each part of the zip `data` (a `kind` file: "Word document", "EPUB"...) by its name, in the zip's order."""
     check_size(data, name)
     if data.startswith(OLE_MAGIC):
         raise MtError(f"{name}: not a zip but an OLE file: a password-protected (encrypted) Office document, or one "
-                      f"of the binary formats before 2007; save it without a password as a {kind}")
+                      f"of the binary formats before 2007; save it without a password as {a(kind)}")
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError, EOFError) as error:
-        raise MtError(f"{name}: not a {kind} (a {kind} is a zip file; this one cannot be opened: {error})") from None
+        raise MtError(f"{name}: not {a(kind)} ({a(kind)} is a zip file; this one cannot be opened: {error})") from None
     infos = archive.infolist()
     if len(infos) > MAX_PARTS:
         raise MtError(f"{name}: {len(infos):,} parts in the zip, more than the {MAX_PARTS:,} a document may have")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from mt.documents.runs import Run, place, text_of
-from mt.documents.safe import parse_xml, write_zip, xml_bytes
+from mt.documents.safe import a, parse_xml, write_zip, xml_bytes
 from mt.documents.sentences import Document, Sentence
 from mt.errors import MtError
 
@@ -35,7 +35,7 @@ class XmlPart:
 def required(parts: dict[str, bytes], part: str, file: str, kind: str) -> bytes:
     """The part named `part`, or MtError naming it: the file is no `kind`, or a damaged one."""
     if part not in parts:
-        raise MtError(f"{file}: no {part} in the zip: not a {kind}, or a damaged one")
+        raise MtError(f"{file}: no {part} in the zip: not {a(kind)}, or a damaged one")
     return parts[part]
 
 
