@@ -52,7 +52,9 @@ def place(runs: list[Run], sentences: list[Sentence]) -> bool:
     for k, s in enumerate(sentences):
         if s.text != text[s.start:s.end]:
             covered = [i for i, run in enumerate(runs) if run.slot and bounds[i] < s.end and bounds[i + 1] > s.start]
-            if covered:
+            if len(covered) == 1:
+                owners[k] = covered[0]
+            elif covered:
                 owners[k] = max(covered, key=lambda i: (runs[i].linked, letters(text, bounds[i], bounds[i + 1], s), -i))
     if not owners:
         return False
@@ -76,4 +78,4 @@ def place(runs: list[Run], sentences: list[Sentence]) -> bool:
 
 def letters(text: str, start: int, end: int, sentence: Sentence) -> int:
     """How many of `sentence`'s letters lie in text[start:end]."""
-    return sum(c.isalpha() for c in text[max(start, sentence.start):min(end, sentence.end)])
+    return sum(map(str.isalpha, text[max(start, sentence.start):min(end, sentence.end)]))

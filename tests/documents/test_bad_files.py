@@ -2,6 +2,7 @@
 one MtError naming the file, the part and what is wrong; no local file ever read through an XML entity."""
 
 import io
+import sys
 import zipfile
 
 import pytest
@@ -182,3 +183,9 @@ def test_an_epub_with_drm_is_refused_and_one_with_obfuscated_fonts_read():
     out = translated_file("epub", zipped(parts_of("epub") | {"META-INF/encryption.xml": encryption("font.otf"),
                                                                "font.otf": b"\x00obfuscated"}))
     assert b"A SMALL FILE." in zipfile.ZipFile(io.BytesIO(out)).read("OEBPS/ch1.xhtml")
+
+
+def test_without_lxml_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lxml", None)  # import fails
+    with pytest.raises(MtError, match=r"read with lxml, which is not installed: pip install 'mt\[documents\]'"):
+        read_file("docx", zipped(parts_of("docx")), "in.docx")
