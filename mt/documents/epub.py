@@ -17,7 +17,7 @@ from urllib.parse import unquote
 
 from mt.documents.html import html_document
 from mt.documents.runs import Run
-from mt.documents.safe import parse_xml, read_zip
+from mt.documents.safe import parse_xml, read_zip, xml_text
 from mt.documents.sentences import Document, Sentence
 from mt.documents.zipped import Section, required, runs_section, xml_part, zip_document
 from mt.errors import MtError
@@ -58,7 +58,8 @@ def epub_document(data: bytes, name: str) -> Document:
     refuse_drm(parts, name, paths + tocs)
     labels = [(package, [Run(title, "text", title.text)]) for title in package.tree.iter(DC + "title")
               if title.text and len(title) == 0]
-    for toc in map(lambda path: xml_part(parts, path, name), dict.fromkeys(tocs)):
+    for path in dict.fromkeys(tocs):
+        toc = xml_part(parts, path, name)
         labels += [(toc, [Run(text, "text", text.text)]) for text in toc.tree.iter(NCX + "text") if text.text]
     return zip_document(data, [*(page_section(parts, path, name) for path in dict.fromkeys(paths)),
                                runs_section(labels)])
@@ -101,7 +102,7 @@ def page_section(parts: dict[str, bytes], path: str, file: str) -> Section:
     units, render = html_document(source, f"{file}:{path}")
 
     def render_page(sentences: list[list[Sentence]]) -> dict[str, bytes]:
-        out = render([[(s.start, s.end, s.text) for s in unit] for unit in sentences])
+        out = render([[(s.start, s.end, xml_text(s.text)) for s in unit] for unit in sentences])
         return {} if out == source else {path: out.encode(encoding, "xmlcharrefreplace")}
     return Section(units, render_page)
 

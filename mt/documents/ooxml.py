@@ -51,6 +51,15 @@ POWERPOINT = Office("PowerPoint presentation", "ppt/presentation.xml", ("present
                     frozenset("slideLayout slideMaster notesMaster".split()))
 
 
+@dataclass
+class Field:
+    """A Word field (<w:fldChar> begin ... separate ... end): its code (`HYPERLINK "https://..."`), and whether
+    the walk is in its result, the text it shows."""
+
+    code: str = ""
+    shown: bool = False
+
+
 def docx_document(data: bytes, name: str) -> Document:
     parts = read_zip(data, name, WORD.kind)
     units = [(part, runs) for part, _ in text_parts(parts, name, WORD)
@@ -86,21 +95,34 @@ def text_parts(parts: dict[str, bytes], file: str, office: Office) -> list[tuple
 
 def word_lines(paragraph: etree._Element) -> list[list[Run]]:
     """The runs of text of a Word paragraph (<w:p>), cut at tabs and line breaks; not those of a paragraph inside
-    it (a text box's), which is one of its own."""
+    it (a text box's), which is one of its own. The shown text of a HYPERLINK field is linked, as a <w:hyperlink>."""
     lines: list[list[Run]] = [[]]
+    fields: list[Field] = []  # the complex fields open where the walk is
 
     def walk(node: etree._Element, linked: bool) -> None:
         for child in node:
             if child.tag == W + "r" and not hidden(child):
                 for item in child:
                     if item.tag == W + "t":
-                        lines[-1].append(Run(item, "text", item.text or "", linked, spaces=True))
+                        link = linked or any(f.shown and f.code.split()[:1] == ["HYPERLINK"] for f in fields)
+                        lines[-1].append(Run(item, "text", item.text or "", link, spaces=True))
+                    elif item.tag == W + "fldChar":
+                        field(item.get(W + "fldCharType"))
+                    elif item.tag == W + "instrText" and fields:
+                        fields[-1].code += item.text or ""
                     elif item.tag in WORD_BREAKS:
                         lines.append([])
                     elif item.tag == W + "noBreakHyphen":
                         lines[-1].append(Run(item, "", "\u2011"))
             elif child.tag in WORD_INLINE:
                 walk(child, linked or child.tag == W + "hyperlink")
+    def field(kind: str | None) -> None:
+        if kind == "begin":
+            fields.append(Field())
+        elif kind == "separate" and fields:
+            fields[-1].shown = True
+        elif kind == "end" and fields:
+            fields.pop()
     walk(paragraph, False)
     return [line for line in lines if line]
 

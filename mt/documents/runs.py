@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
+from mt.documents.safe import xml_text
 from mt.documents.sentences import Sentence
 
 XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
@@ -35,6 +36,7 @@ class Run:
     spaces: bool = False
 
     def write(self, text: str) -> None:
+        text = xml_text(text)
         setattr(self.node, self.slot, text)
         if self.spaces and text != text.strip():
             self.node.set(XML_SPACE, "preserve")

@@ -6,6 +6,7 @@ A translated zip is written with the original's parts, in its order, with their 
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 
 from lxml import etree
@@ -16,6 +17,7 @@ MAX_FILE_BYTES = 64 << 20  # a document as uploaded or read whole
 MAX_PARTS = 10_000
 MAX_UNPACKED_BYTES = 512 << 20  # all parts together, unpacked
 MAX_RATIO = 200  # unpacked / packed, per part: text compresses 5-20×; a bomb, thousands of times
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")  # what XML 1.0 cannot hold
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # an encrypted Office file (or a .doc of before 2007)
 
 
@@ -89,6 +91,11 @@ def parse_xml(data: bytes, name: str) -> etree._ElementTree:
         raise MtError(f"{name}: declares XML entities (<!ENTITY> in a DTD), which documents never need and mt does "
                       f"not expand (entity expansion and external entities are how XML attacks work)")
     return tree
+
+
+def xml_text(text: str) -> str:
+    """`text` without the characters XML cannot hold (a model may write a control character)."""
+    return NOT_XML.sub("", text)
 
 
 def xml_bytes(tree: etree._ElementTree, original: bytes) -> bytes:

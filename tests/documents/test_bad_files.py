@@ -10,6 +10,8 @@ import pytest
 pytest.importorskip("sentencex")
 pytest.importorskip("lxml")
 
+from lxml import etree  # noqa: E402
+
 from mt.documents.formats import read_file  # noqa: E402
 from mt.documents.safe import OLE_MAGIC  # noqa: E402
 from mt.errors import MtError  # noqa: E402
@@ -189,3 +191,10 @@ def test_without_lxml_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "lxml", None)  # import fails
     with pytest.raises(MtError, match=r"read with lxml, which is not installed: pip install 'mt\[documents\]'"):
         read_file("docx", zipped(parts_of("docx")), "in.docx")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_what_the_model_writes_that_xml_cannot_hold_is_left_out(fmt):
+    out = translated_file(fmt, zipped(parts_of(fmt)), translate=lambda s: "\x00" + s.upper() + "\x1b\ufffe")
+    part = zipfile.ZipFile(io.BytesIO(out)).read(TEXT_PART[fmt])
+    assert b"A SMALL FILE.<" in part and etree.fromstring(part) is not None  # still XML

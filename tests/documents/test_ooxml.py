@@ -125,6 +125,20 @@ def test_formatting_inside_a_sentence_goes_with_its_dominant_run_and_a_link_wrap
     assert [p.text for p in out.paragraphs[3:4]] == ["NAME:\tANN SMITH"]  # each side of a tab on its own
 
 
+def test_a_hyperlink_field_keeps_its_link_around_its_sentence():
+    d = docx.Document()
+    p = d.add_paragraph("Visit ")
+    for xml in ['<w:fldChar w:fldCharType="begin"/>', f'<w:instrText> HYPERLINK "{URL}" </w:instrText>',
+                '<w:fldChar w:fldCharType="separate"/>', "<w:t>us</w:t>", '<w:fldChar w:fldCharType="end"/>']:
+        p._p.append(parse_xml(f"<w:r {nsdecls('w')}>{xml}</w:r>"))
+    p.add_run(" again today.")
+    data = io.BytesIO()
+    d.save(data)
+    out = docx.Document(io.BytesIO(translated_file("docx", data.getvalue())))
+    # The field's shown text is the link: the translation goes there, though " again today." has more letters.
+    assert [t.text or "" for t in out.paragraphs[0]._p.xpath(".//w:t")] == ["", "VISIT US AGAIN TODAY.", ""]
+
+
 def test_spaces_a_run_gets_at_its_edges_are_kept_for_word():
     d = docx.Document()
     p = d.add_paragraph("I like it. Yes")
