@@ -199,7 +199,10 @@ def translate(
                       typer.Option("--format", help="lines: one sentence a line. A document, read whole, cut into "
                                                     "sentences (the documents extra) and written back translated: "
                                                     "text (paragraphs between blank lines), html (tags kept), srt "
-                                                    "(SubRip subtitles, timings kept).")] = TranslateRequest.format,
+                                                    "(SubRip subtitles, timings kept); docx, pptx, odt, odp, epub "
+                                                    "(Word, PowerPoint, OpenDocument, EPUB: all but the text "
+                                                    "kept); po, xliff (only untranslated entries translated, "
+                                                    "marked for review).")] = TranslateRequest.format,
     glossary: Annotated[Path | None,
                         typer.Option(help="Terminology: a TSV file of `source term<TAB>target term` lines (# comments "
                                           "and blank lines allowed); a line's translation holds the target term of "
@@ -211,7 +214,7 @@ def translate(
                                                  "[default: constrain; replace for a CTranslate2 export].")] = None,
 ) -> None:
     """Translate lines from stdin or a file: one output line per input line, in order; or, with --format, a
-    document: paragraphs, HTML or subtitles.
+    document: paragraphs, HTML, subtitles, a Word, PowerPoint, OpenDocument or EPUB file, or a PO or XLIFF file.
 
     With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
     Ctrl-D to quit.

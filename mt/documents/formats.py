@@ -4,13 +4,13 @@ bytes (a zip of XML, or a text file that declares its own encoding) and renders 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from mt.documents.html import html_document
 from mt.documents.po import po_document
 from mt.documents.sentences import Document, splitter
 from mt.documents.text import srt_document, text_document
-from mt.documents.xliff import xliff_document
 from mt.errors import MtError
 
 
@@ -24,9 +24,29 @@ TEXT_FORMATS: dict[str, Callable[[list[str], str], Document]] = {
     "html": html,
     "srt": srt_document,
 }
+
+
+def needs_lxml(module: str, reader: str) -> Callable[[bytes, str], Document]:
+    """The reader `reader` of mt.documents.`module`, imported when first called: it needs lxml (the documents
+    extra), which mt needs for nothing else."""
+    def read(data: bytes, name: str) -> Document:
+        try:
+            import lxml  # noqa: F401
+        except ImportError:
+            raise MtError("Word, PowerPoint, OpenDocument, EPUB and XLIFF files are read with lxml, which is not "
+                          "installed: pip install 'mt[documents]' (or pip install lxml)") from None
+        return getattr(importlib.import_module(f"mt.documents.{module}"), reader)(data, name)
+    return read
+
+
 FILE_FORMATS: dict[str, Callable[[bytes, str], Document]] = {
+    "docx": needs_lxml("ooxml", "docx_document"),
+    "pptx": needs_lxml("ooxml", "pptx_document"),
+    "odt": needs_lxml("opendocument", "odt_document"),
+    "odp": needs_lxml("opendocument", "odp_document"),
+    "epub": needs_lxml("epub", "epub_document"),
     "po": po_document,
-    "xliff": xliff_document,
+    "xliff": needs_lxml("xliff", "xliff_document"),
 }
 FORMATS = ("lines", *TEXT_FORMATS, *FILE_FORMATS)  # lines: one sentence a line, mt translate's way without --format
 SUFFIXES = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".srt": "srt",

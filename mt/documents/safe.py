@@ -6,16 +6,20 @@ A translated zip is written with the original's parts, in its order, with their 
 from __future__ import annotations
 
 import io
+import re
 import zipfile
-
-from lxml import etree
+from typing import TYPE_CHECKING
 
 from mt.errors import MtError
+
+if TYPE_CHECKING:  # lxml is imported where XML is read: PO files and the CLI need none
+    from lxml import etree
 
 MAX_FILE_BYTES = 64 << 20  # a document as uploaded or read whole
 MAX_PARTS = 10_000
 MAX_UNPACKED_BYTES = 512 << 20  # all parts together, unpacked
 MAX_RATIO = 200  # unpacked / packed, per part: text compresses 5-20×; a bomb, thousands of times
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")  # what XML 1.0 cannot hold
 OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # an encrypted Office file (or a .doc of before 2007)
 
 
@@ -24,16 +28,21 @@ def check_size(data: bytes, name: str) -> None:
         raise MtError(f"{name}: {len(data):,} bytes, more than the {MAX_FILE_BYTES:,} a document may have")
 
 
+def a(kind: str) -> str:
+    """`kind` with its article: a Word document, an EPUB."""
+    return ("an " if kind[:1] in "AEIOU" else "a ") + kind
+
+
 def read_zip(data: bytes, name: str, kind: str) -> dict[str, bytes]:
     """Each part of the zip `data` (a `kind` file: "Word document", "EPUB"...) by its name, in the zip's order."""
     check_size(data, name)
     if data.startswith(OLE_MAGIC):
         raise MtError(f"{name}: not a zip but an OLE file: a password-protected (encrypted) Office document, or one "
-                      f"of the binary formats before 2007; save it without a password as a {kind}")
+                      f"of the binary formats before 2007; save it without a password as {a(kind)}")
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, ValueError, EOFError) as error:
-        raise MtError(f"{name}: not a {kind} (a {kind} is a zip file; this one cannot be opened: {error})") from None
+        raise MtError(f"{name}: not {a(kind)} ({a(kind)} is a zip file; this one cannot be opened: {error})") from None
     infos = archive.infolist()
     if len(infos) > MAX_PARTS:
         raise MtError(f"{name}: {len(infos):,} parts in the zip, more than the {MAX_PARTS:,} a document may have")
@@ -75,6 +84,8 @@ PARSER_OPTIONS = dict(resolve_entities=False, no_network=True, load_dtd=False, d
 
 def parse_xml(data: bytes, name: str) -> etree._ElementTree:
     """The XML `data` (`name`: the file and part, for errors), refused if it declares entities."""
+    from lxml import etree
+
     try:
         tree = etree.fromstring(data, etree.XMLParser(**PARSER_OPTIONS)).getroottree()
     except etree.XMLSyntaxError as error:
@@ -86,9 +97,16 @@ def parse_xml(data: bytes, name: str) -> etree._ElementTree:
     return tree
 
 
+def xml_text(text: str) -> str:
+    """`text` without the characters XML cannot hold (a model may write a control character)."""
+    return NOT_XML.sub("", text)
+
+
 def xml_bytes(tree: etree._ElementTree, original: bytes) -> bytes:
     """`tree`, parsed from `original`, written back as it was read: the declaration as `original` spelled it (and
     the whitespace after it), its encoding, its namespace prefixes."""
+    from lxml import etree
+
     body = etree.tostring(tree, encoding=tree.docinfo.encoding or "UTF-8", xml_declaration=False)
     if not original.startswith(b"<?xml"):
         return body

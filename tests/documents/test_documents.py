@@ -182,3 +182,20 @@ def test_bad_documents_are_refused_in_one_line_and_nothing_is_written(model_path
     assert_refused(mt_translate("-c", model_path, "-i", tmp_path / "bad.txt", "--format", "text", "--nbest", "2"),
                    "--format text", "drop --format")
     assert not out.exists() and list(tmp_path.glob(".out*")) == []
+
+
+def test_translate_format_docx_end_to_end_and_a_bad_file_leaves_nothing(model_path, tmp_path):
+    docx = pytest.importorskip("docx")
+    source = docx.Document()
+    source.add_paragraph("The cat sat. A dog ran.")
+    source.add_table(rows=1, cols=2).cell(0, 1).text = "The big cat."
+    source.save(tmp_path / "in.docx")
+    result = mt_translate("-c", model_path, "-i", tmp_path / "in.docx", "-o", tmp_path / "out.docx",
+                          "--format", "docx", "--beam", "1")
+    assert result.exit_code == 0, result.output
+    out = docx.Document(tmp_path / "out.docx")  # Word's own reader opens what mt wrote
+    assert len(out.paragraphs) == 1 and [len(row.cells) for row in out.tables[0].rows] == [2]
+    (tmp_path / "bad.docx").write_bytes(b"PK\x03\x04 not really a zip")
+    assert_refused(mt_translate("-c", model_path, "-i", tmp_path / "bad.docx", "-o", tmp_path / "bad.out.docx",
+                                "--format", "docx"), f"{tmp_path / 'bad.docx'}: not a Word document")
+    assert not (tmp_path / "bad.out.docx").exists() and list(tmp_path.glob(".bad*")) == []
