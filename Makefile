@@ -21,12 +21,14 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The suite, a worker per core; then, on a CPU with AVX-512, the tests whose numbers hang on the CPU's kernels
-# (pytest -m numerics) again as an AVX2-only CPU computes them, so that their verdict holds on either kind.
+# (pytest -m numerics) again as an AVX2-only CPU computes them, so that their verdict holds on either kind. The
+# tiny models the tests train are made once for both (MT_TEST_MODELS: tests/conftest.py, made_once).
 AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2
 HAS_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
 SUITE := $(BIN)/python -m pytest -q -n auto --dist loadfile
 test: install
-	$(SUITE)
+	@export MT_TEST_MODELS="$$(mktemp -d)"; trap 'rm -rf "$$MT_TEST_MODELS"' EXIT; set -e; set -x; \
+	$(SUITE); \
 	$(if $(HAS_AVX512),$(AVX2_KERNELS) $(SUITE) -m numerics)
 
 # The whole suite as other CPUs compute it, one after another (about 9 minutes on 2 cores): AVX2 only; AVX2 with

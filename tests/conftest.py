@@ -2,7 +2,9 @@
 
 import os
 import random
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -106,33 +108,53 @@ def train_tiny(root: Path, steps: int, joint: bool = True, **model_changes) -> P
                                                             d_ff=64, dropout=0.0, max_len=64, **model_changes))
     cfg.train.max_tokens, cfg.train.warmup, cfg.train.lr = 256, 20, 3e-3
     cfg.train.valid_bleu, cfg.train.threads = False, 1
-    sources = (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    sources = valid_sources(root)
     train_until(cfg, root / "run", steps, lambda run: ends_its_outputs(run / "best.pt", sources),
                 "end its outputs")
     return root / "run" / "best.pt"
 
 
-@pytest.fixture(scope="session")
-def trained_tiny(tmp_path_factory):
-    """`train_tiny`'s models, each trained once a test run and shared by every file that asks for the same one, on
-    either pytest-xdist worker: `trained_tiny(steps, joint, **model_changes)` is its best.pt (run/best.pt beside
-    the corpus/ it learned). Tests only read them."""
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object],
+              still_good: Callable[[Path], bool] = lambda root: True) -> Path:
+    """The folder `name` that `make(root)` fills, made once a test run and shared by either pytest-xdist worker;
+    and by both passes of `make test`, which names a folder for them in MT_TEST_MODELS: a model trained as one CPU
+    computes is then used as the other computes, once `still_good(root)` says it still does what the tests need
+    (else it is made again). Tests only read it."""
     from filelock import FileLock
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    if os.environ.get("MT_TEST_MODELS"):
+        shared = Path(os.environ["MT_TEST_MODELS"])
+    else:
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    root = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
+        done = root / f"done-{torch.backends.cpu.get_cpu_capability()}"  # checked as this pass computes
+        if not done.is_file():
+            if not (any(root.glob("done-*")) and still_good(root)):
+                shutil.rmtree(root, ignore_errors=True)
+                make(root)
+            done.touch()
+    return root
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory):
+    """`train_tiny`'s models, each trained once (`made_once`) and shared by every file that asks for the same one:
+    `trained_tiny(steps, joint, **model_changes)` is its best.pt (run/best.pt beside the corpus/ it learned)."""
 
     def trained(steps: int, joint: bool = True, **model_changes) -> Path:
         name = "-".join(["tiny", str(steps), "joint" if joint else "separate",
                          *(f"{k}={v}" for k, v in sorted(model_changes.items()))])
-        root = shared / name
-        with FileLock(str(shared / f"{name}.lock")):
-            if not (root / "done").is_file():
-                train_tiny(root, steps, joint, **model_changes)
-                (root / "done").touch()
+        root = made_once(tmp_path_factory, name, lambda root: train_tiny(root, steps, joint, **model_changes),
+                         lambda root: ends_its_outputs(root / "run" / "best.pt", valid_sources(root)))
         return root / "run" / "best.pt"
 
     return trained
+
+
+def valid_sources(root: Path) -> list[str]:
+    return (root / "corpus" / "valid.de").read_text(encoding="utf-8").splitlines()
 
 
 def train_until(cfg, run: Path, steps: int, done, what: str, rounds: int = 5) -> None:

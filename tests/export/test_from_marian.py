@@ -27,7 +27,7 @@ from mt.decode.search import beam_search
 from mt.export.convert import export
 from mt.export.from_marian import import_marian
 
-from ..conftest import assert_refused, tiny_model, write_corpus
+from ..conftest import assert_refused, made_once, tiny_model, write_corpus
 
 pytestmark = pytest.mark.numerics
 
@@ -141,12 +141,16 @@ def train_marian(directory: Path, src_lines: list[str], tgt_lines: list[str], st
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def marian(request, tmp_path_factory) -> tuple[Path, Path, list[str], list[str]]:
     """A Marian directory (its model trained for a moment), its import, and sentences to translate and score."""
-    root = tmp_path_factory.mktemp("marian")
-    corpus = write_corpus(root / "corpus")
-    read = lambda name: (corpus / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
-    directory = write_marian(root, VARIANTS[request.param], read("train.de"), read("train.en"), train_steps=150)
-    import_marian(directory, root / "model.pt")
-    return directory, root / "model.pt", read("valid.de"), read("valid.en")
+    def make(root: Path) -> None:
+        corpus = write_corpus(root / "corpus")
+        read = lambda name: (corpus / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
+        write_marian(root, VARIANTS[request.param], read("train.de"), read("train.en"), train_steps=150)
+
+    root = made_once(tmp_path_factory, f"marian-{list(VARIANTS).index(request.param)}", make)
+    model = tmp_path_factory.mktemp("imported") / "model.pt"  # imported as this pass computes
+    import_marian(root / "marian", model)
+    read = lambda name: (root / "corpus" / name).read_text(encoding="utf-8").splitlines()  # noqa: E731
+    return root / "marian", model, read("valid.de"), read("valid.en")
 
 
 def marian_generates(directory: Path, lines: list[str], beam: int) -> list[list[int]]:
