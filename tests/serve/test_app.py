@@ -18,6 +18,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from mt.cli import app as cli_app  # noqa: E402
+from mt.documents.formats import SUFFIXES  # noqa: E402
 from mt.options import ServeOptions  # noqa: E402
 from mt.serve.app import create_app, load_models  # noqa: E402
 
@@ -99,7 +100,7 @@ def test_libretranslate_requests_in_every_shape_its_clients_send(checkpoint, tmp
     assert [r.status_code for r in refused] == [401, 403]  # no key, a wrong one: in the query string as in a body
     assert languages.json() == [{"code": "de", "name": "German", "targets": ["en"]}]
     assert settings.json() == {"charLimit": 5000, "frontendTimeout": 60000, "apiKeys": True, "keyRequired": True,
-                               "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                               "suggestions": False, "filesTranslation": True, "supportedFilesFormat": list(SUFFIXES),
                                "language": {"source": {"code": "de", "name": "German"},
                                             "target": {"code": "en", "name": "English"}}}
 
