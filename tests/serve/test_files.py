@@ -20,11 +20,6 @@ TEXT = "der hund sitzt unter dem baum. die katze läuft.\n\ndas rote haus\n"
 PAGE = '<p class="x">Der Hund <b>sitzt</b> unter dem Baum.</p>'
 
 
-@pytest.fixture(scope="module")
-def checkpoint(trained_tiny) -> Path:
-    return trained_tiny(200)
-
-
 class Clock:
     def __init__(self):
         self.now = 0.0
