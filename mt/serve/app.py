@@ -218,7 +218,7 @@ def pick(models: dict[str, Served], name: str | None) -> Served:
 async def sweep(store: FileStore) -> None:
     """Remove expired translated files while the server runs, so that they go even when nobody asks for one."""
     while True:
-        await asyncio.sleep(min(store.ttl, 60))
+        await asyncio.sleep(min(max(store.ttl, 1), 60))  # not a busy loop under a tiny --file-ttl
         store.sweep()
 
 
