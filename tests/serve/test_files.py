@@ -10,11 +10,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("sentencex")
 
 from mt.documents.formats import FILE_FORMATS, SUFFIXES  # noqa: E402
+from mt.documents.sentences import Document  # noqa: E402
 from mt.options import ServeOptions  # noqa: E402
 from mt.serve.app import create_app, load_models  # noqa: E402
 from mt.serve.files import download_name  # noqa: E402
 
-from .test_app import client, mt_translate, run  # noqa: E402
+from .test_app import LINES, client, mt_translate, run  # noqa: E402
 
 TEXT = "der hund sitzt unter dem baum. die katze läuft.\n\ndas rote haus\n"
 PAGE = '<p class="x">Der Hund <b>sitzt</b> unter dem Baum.</p>'
@@ -63,6 +64,27 @@ def test_a_file_is_translated_as_mt_translate_writes_it_and_downloaded_under_its
     stored = sorted(p.name for p in Path(app.state.files.folder.name).iterdir())
     assert stored == sorted(u.rsplit("/", 1)[1] for u in urls)  # random names only, none the client's
     assert settings.json()["supportedFilesFormat"] == list(SUFFIXES)
+    app.state.files.close()
+
+
+def test_a_file_format_is_read_as_bytes_and_its_rendered_bytes_are_the_download(checkpoint, monkeypatch, tmp_path):
+    """Any FILE_FORMATS entry, with its suffix: here a made-up one, UTF-16 text of one unit behind a tag."""
+    def utf16(data: bytes, name: str) -> Document:
+        assert data.startswith(b"U16:"), name
+        return Document([data[4:].decode("utf-16")],
+                        lambda units: b"U16:" + " ".join(s.text for s in units[0]).encode("utf-16"))
+    monkeypatch.setitem(FILE_FORMATS, "u16", utf16)
+    monkeypatch.setitem(SUFFIXES, ".u16", "u16")
+    app = serve_files(checkpoint)
+
+    async def go():
+        async with client(app) as c:
+            url = (await upload(c, "brief.u16", b"U16:" + LINES[0].encode("utf-16"))).json()["translatedFileUrl"]
+            return url, await c.get(url)
+
+    url, download = run(go())
+    assert url.endswith(".u16") and download.content.startswith(b"U16:")
+    assert [download.content[4:].decode("utf-16")] == mt_translate(checkpoint, LINES[:1], tmp_path)
     app.state.files.close()
 
 
