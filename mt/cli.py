@@ -359,6 +359,16 @@ def serve(
                                                 "5 s, a request's head may hold 16 KiB.")] = SERVE.client_timeout,
     max_connections: Annotated[int, typer.Option(min=1, help="Open connections held at once (more: 503 at "
                                                              "once, Retry-After).")] = SERVE.max_connections,
+    files: Annotated[bool, typer.Option(help="Translate uploaded files (LibreTranslate's /translate_file), kept "
+                                             "for download in a private temporary folder.")] = SERVE.files,
+    max_file_bytes: Annotated[int, typer.Option(min=1, help="Bytes an uploaded file may hold (more: "
+                                                            "413).")] = SERVE.max_file_bytes,
+    file_ttl: Annotated[float, typer.Option(min=0.001, help="Seconds a translated file is kept for its "
+                                                            "download, then removed.")] = SERVE.file_ttl,
+    max_files: Annotated[int, typer.Option(min=1, help="Translated files kept at once (more: 503, "
+                                                       "Retry-After).")] = SERVE.max_files,
+    max_stored_bytes: Annotated[int, typer.Option(min=1, help="Bytes of translated files kept at once (more: 503, "
+                                                              "Retry-After).")] = SERVE.max_stored_bytes,
 ) -> None:
     """Serve checkpoints over HTTP: LibreTranslate's API, mt's own, metrics and a page to try them at /. Before
     exposing it to a network, read docs/serving.md."""
@@ -368,7 +378,8 @@ def serve(
 
     run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
                                               cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads,
-                                              compile, client_timeout, max_connections))
+                                              compile, client_timeout, max_connections, files, max_file_bytes,
+                                              file_ttl, max_files, max_stored_bytes))
 
 
 @app.command()

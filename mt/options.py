@@ -95,6 +95,11 @@ class ServeOptions:
     compile: bool = False  # torch.compile each model's decoding step, at load
     client_timeout: float = 30.0  # seconds a request may take to arrive, head and body (mt/serve/limits.py)
     max_connections: int = 1000  # open connections held at once
+    files: bool = True  # /translate_file and /download_file (mt/serve/files.py)
+    max_file_bytes: int = 10 * 2 ** 20  # an upload's size
+    file_ttl: float = 600.0  # seconds a translated file is kept for its download
+    max_files: int = 100  # translated files kept at once
+    max_stored_bytes: int = 2 ** 30  # bytes of translated files kept at once
 
 
 SERVE = ServeOptions()

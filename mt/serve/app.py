@@ -1,13 +1,14 @@
 """`mt serve`: checkpoints behind HTTP, on FastAPI and uvicorn.
 
-The APIs: LibreTranslate's (`POST /translate`, `GET /languages`), so its clients work unchanged; mt's own
+The APIs: LibreTranslate's (mt/serve/libretranslate_routes.py: `POST /translate`, `/detect`, `GET /languages`...,
+and mt/serve/file_routes.py: `/translate_file`, `/download_file`), so its clients work unchanged; mt's own, here
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` html, and text
 and srt in mt's own), cut into sentences and put back together by mt/documents/. Concurrent requests are
-batched together by mt/serve/batcher.py. Limits (characters per line, lines per request, queue room, a timeout per
-request) answer with a status and `{"error": ...}`, never by falling over: mt/serve/checks.py judges each request
-before it is queued, mt/serve/errors.py gives every refusal that shape, and mt/serve/limits.py drops clients too
-slow to send their requests. No endpoint reads a path a request names.
+batched together by mt/serve/batcher.py, through mt/serve/translating.py. Limits (characters per line, lines per
+request, queue room, a timeout per request) answer with a status and `{"error": ...}`, never by falling over:
+mt/serve/checks.py judges each request before it is queued, mt/serve/errors.py gives every refusal that shape, and
+mt/serve/limits.py drops clients too slow to send their requests. No endpoint reads a path a request names.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import asyncio
 import gc
 import io
 import logging
-import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -30,35 +29,24 @@ from pydantic import BaseModel, Field
 
 from mt.decode.alignments import alignments as hard_alignments
 from mt.decode.alignments import pair_attention, pharaoh, select, to_pieces
-from mt.decode.glossary import Glossary, missed
 from mt.decode.load import Loaded
 from mt.decode.search import Hypothesis, SearchOptions
-from mt.decode.translate import compiled, encode_lines, load_any, plan_documents, translate_lines
+from mt.decode.translate import compiled, encode_lines, load_any, translate_lines
 from mt.device import pick_device
-from mt.documents.formats import read_document
-from mt.documents.sentences import finish, splitter
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
-from mt.serve.batcher import Batcher, QueueFull, Settings
+from mt.serve.batcher import Batcher, Settings
 from mt.serve.checks import check_glossary, check_key, check_lines, header_key
+from mt.serve.detect import Detector
 from mt.serve.errors import add_error_handlers
-from mt.serve.libretranslate import parse, respond
-from mt.serve.limits import BodyLimit, max_body, protocol
+from mt.serve.file_routes import add_file_routes
+from mt.serve.files import FileStore
+from mt.serve.libretranslate_routes import add_libretranslate_routes
+from mt.serve.limits import FORM_ROOM, BodyLimit, max_body, protocol
 from mt.serve.metrics import CountAnswers, Metrics
+from mt.serve.translating import Served, not_placed, render, settings, translate, translate_texts
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log, formatted as its messages are
-LANGUAGE_NAMES = {"cs": "Czech", "de": "German", "en": "English", "fr": "French"}
-
-
-@dataclass
-class Served:
-    """One model the server translates with."""
-
-    name: str
-    src: str
-    tgt: str
-    loaded: Loaded
-    batcher: Batcher
 
 
 def load_models(paths: list[Path], names: list[str], options: ServeOptions) -> dict[str, Served]:
@@ -123,14 +111,21 @@ class AttentionRequest(BaseModel):
 
 def create_app(models: dict[str, Served], options: ServeOptions | None = None) -> FastAPI:
     options = options or ServeOptions()
+    store = FileStore(options.file_ttl, options.max_files, options.max_stored_bytes)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        sweeper = asyncio.create_task(sweep(store))
         yield
+        sweeper.cancel()
         for served in models.values():  # uvicorn has stopped accepting and answered what was in flight
             served.batcher.stop()
+        store.close()
 
     app = FastAPI(title="mt", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.models, app.state.options, app.state.metrics = models, options, Metrics(models)
+    languages = {m.src for m in models.values()} | {m.tgt for m in models.values()}
+    app.state.detector, app.state.files = Detector(languages), store
     if options.cors:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -139,13 +134,15 @@ def create_app(models: dict[str, Served], options: ServeOptions | None = None) -
     add_error_handlers(app)
     add_info_routes(app)
     add_translation_routes(app)
-    app.add_middleware(BodyLimit, limit=max_body(options))
+    add_libretranslate_routes(app)
+    add_file_routes(app, store)
+    app.add_middleware(BodyLimit, limit=max_body(options), file_limit=options.max_file_bytes + FORM_ROOM)
     app.add_middleware(CountAnswers, metrics=app.state.metrics)  # the outermost: it counts BodyLimit's 413s too
     return app
 
 
 def add_info_routes(app: FastAPI) -> None:
-    models, metrics, options = app.state.models, app.state.metrics, app.state.options
+    models, metrics = app.state.models, app.state.metrics
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -168,22 +165,6 @@ def add_info_routes(app: FastAPI) -> None:
     async def list_models():
         return {"models": [describe(m) for m in models.values()]}
 
-    @app.get("/frontend/settings")
-    async def frontend_settings():
-        """What LibreTranslate's page and apps read first, with its fields; files and suggestions are not served."""
-        first = next(iter(models.values()))
-        return {"charLimit": options.max_chars, "frontendTimeout": int(options.timeout * 1000),
-                "apiKeys": bool(options.api_keys), "keyRequired": bool(options.api_keys), "suggestions": False,
-                "filesTranslation": False, "supportedFilesFormat": [],
-                "language": {side: {"code": code, "name": LANGUAGE_NAMES.get(code, code)}
-                             for side, code in (("source", first.src), ("target", first.tgt))}}
-
-    @app.get("/languages")
-    async def languages():
-        sources = sorted({m.src for m in models.values()})
-        return [{"code": s, "name": LANGUAGE_NAMES.get(s, s),
-                 "targets": sorted(m.tgt for m in models.values() if m.src == s)} for s in sources]
-
 
 def add_translation_routes(app: FastAPI) -> None:
     models, options = app.state.models, app.state.options
@@ -197,8 +178,8 @@ def add_translation_routes(app: FastAPI) -> None:
             if body.nbest > 1 or body.scores or body.alignments:
                 raise ApiError(400, f"format {body.format} translates documents; nbest, scores and alignments are for "
                                     "format lines")
-            texts = await translate_documents(app, request, served, body.text, body.format,
-                                              settings(served, body.beam, body.len_penalty, glossary=glossary), "v1")
+            texts = await translate_texts(app, request, served, body.text, body.format,
+                                          settings(served, body.beam, body.len_penalty, glossary=glossary), "v1")
             documents = [{"text": text} for text in texts]
             if glossary is not None:
                 for one, terms in zip(documents, not_placed(glossary, body.text, documents), strict=True):
@@ -224,97 +205,6 @@ def add_translation_routes(app: FastAPI) -> None:
         results = await translate(app, request, served, [body.text], settings(served), "attention")
         return await served.batcher.run_alone(lambda: attention_map(served, body.text, results[0]))
 
-    @app.post("/translate")
-    async def libretranslate(request: Request):
-        query = await parse(request)
-        check_key(options, query.api_key or header_key(request))
-        served = pick_by_languages(models, query.source, query.target)
-        glossary = check_glossary(query.glossary, query.glossary_method, "export" in served.loaded.state, options)
-        if query.format == "html":
-            texts = await translate_documents(app, request, served, query.lines, "html",
-                                              settings(served, glossary=glossary), "translate")
-            return respond(query, served.src, texts, None if glossary is None else
-                           not_placed(glossary, query.lines, [{"text": text} for text in texts]))
-        check_lines(query.lines, options)
-        results = await translate(app, request, served, query.lines, settings(served, glossary=glossary), "translate")
-        out = [render(served, hyps, 1, False) for hyps in results]
-        return respond(query, served.src, [one["text"] for one in out],
-                       None if glossary is None else not_placed(glossary, query.lines, out))
-
-
-def settings(served: Served, beam: int | None = None, len_penalty: float | None = None, nbest: int = 1,
-             glossary: Glossary | None = None) -> Settings:
-    """A request's decoding settings: what it asks for, else the model's decode config."""
-    decode = served.loaded.config.decode
-    return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest, glossary
-
-
-def not_placed(glossary: Glossary, lines: list[str], out: list[dict]) -> list[list[dict]]:
-    """Per line, the glossary's terms (as {"source", "target"}) that its best translation does not hold."""
-    return [[{"source": t.source, "target": t.target} for t in missed(glossary, line, one["text"])]
-            for line, one in zip(lines, out, strict=True)]
-
-
-async def translate_documents(app: FastAPI, request: Request, served: Served, texts: list[str], fmt: str,
-                              settings: Settings, endpoint: str) -> list[str]:
-    """Each of `texts` translated as a document of `fmt`: checked as lines are (each text counts as a line), cut
-    into sentences off the event loop, the sentences of all queued as one request, put back together."""
-    check_lines(texts, app.state.options)
-    try:
-        splitter()
-    except MtError as error:
-        raise ApiError(501, str(error)) from None
-
-    def cut():
-        documents = [read_document(fmt, text.replace("\r\n", "\n").split("\n"), f"text {i + 1}")
-                     for i, text in enumerate(texts)]
-        return plan_documents(served.loaded, documents)
-    try:
-        todo = await asyncio.to_thread(cut)
-    except MtError as error:  # a broken subtitle, HTML that html.parser cannot read
-        raise ApiError(400, str(error)) from None
-    results = await translate(app, request, served, todo.parts, settings, endpoint) if todo.parts else []
-    return finish(todo, [render(served, hyps, 1, False)["text"] for hyps in results])
-
-
-async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
-                    endpoint: str) -> list[list[Hypothesis]]:
-    """Queue `lines` (checked by `check_lines` first) for `served`'s worker; the hypotheses of each line. A request
-    that times out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
-    options, metrics = app.state.options, app.state.metrics
-    started = time.perf_counter()
-    submitted = asyncio.ensure_future(served.batcher.submit(lines, settings))
-    gone = asyncio.ensure_future(disconnected(request))
-    try:
-        await asyncio.wait({submitted, gone}, timeout=options.timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not submitted.done():
-        submitted.cancel()
-        if gone.done() and not gone.cancelled():
-            raise ApiError(499, "the client closed the connection")  # nobody reads this; the log does
-        raise ApiError(504, f"not translated within {options.timeout:g} s (--timeout); retry, or send fewer lines")
-    try:
-        results = submitted.result()
-    except QueueFull:
-        raise ApiError(503, f"model {served.name} is busy: its queue is full; retry shortly",
-                       {"Retry-After": "1"}) from None
-    except UnicodeError as error:  # check_lines lets no such line through; should one pass, it is still the text's
-        raise ApiError(400, f"the text cannot be translated ({error}): send valid Unicode") from None
-    except Exception:  # the batcher has retried it alone: this request, and only this one, fails
-        log.exception("model %s failed on a request of %d lines", served.name, len(lines))
-        raise ApiError(500, "internal error: the model failed on this request; the server's log has the cause") \
-            from None
-    metrics.served(endpoint, served, lines, results, time.perf_counter() - started)
-    return results
-
-
-async def disconnected(request: Request) -> None:
-    """Returns once the client has closed the connection: the body has been read, so the server's next message
-    is the disconnect (uvicorn sends it when the connection is lost or the response has been sent)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
 
 def pick(models: dict[str, Served], name: str | None) -> Served:
     if name is None and len(models) == 1:
@@ -325,36 +215,17 @@ def pick(models: dict[str, Served], name: str | None) -> Served:
     return models[name]
 
 
-def pick_by_languages(models: dict[str, Served], source: str, target: str) -> Served:
-    """LibreTranslate's choice: the model for `source` → `target`; `auto`: the one model into `target`."""
-    fits = [m for m in models.values() if m.tgt == target and source in ("auto", m.src)]
-    if len(fits) == 1:
-        return fits[0]
-    pairs = ", ".join(f"{m.src}→{m.tgt}" for m in models.values())
-    if not fits:
-        raise ApiError(400, f"no model translates {source}→{target}; the models translate {pairs}")
-    raise ApiError(400, f"source auto is ambiguous: {len(fits)} models translate into {target}; give source "
-                        f"({', '.join(m.src for m in fits)})")
+async def sweep(store: FileStore) -> None:
+    """Remove expired translated files while the server runs, so that they go even when nobody asks for one."""
+    while True:
+        await asyncio.sleep(min(max(store.ttl, 1), 60))  # not a busy loop under a tiny --file-ttl
+        store.sweep()
 
 
 def describe(served: Served) -> dict:
     decode = served.loaded.config.decode
     return {"name": served.name, "source": served.src, "target": served.tgt, "beam": decode.beam,
             "len_penalty": decode.len_penalty}
-
-
-def render(served: Served, hyps: list[Hypothesis], nbest: int, scores: bool, alignment: str | None = None
-           ) -> dict:
-    """One line's result: its text, and, when asked, its score, n best and alignment."""
-    texts = served.loaded.tgt_tok.decode([h.tokens for h in hyps]) if hyps else [""]
-    out: dict = {"text": texts[0]}
-    if scores:
-        out["score"] = hyps[0].score if hyps else 0.0
-    if nbest > 1:
-        out["nbest"] = [{"text": t, "score": h.score} for t, h in zip(texts, hyps, strict=True)] if hyps else []
-    if alignment is not None:
-        out["alignment"] = alignment
-    return out
 
 
 def align(served: Served, lines: list[str], results: list[list[Hypothesis]]) -> list[str]:
@@ -399,6 +270,10 @@ def run(paths: list[Path], names: list[str], options: ServeOptions) -> None:
     import uvicorn
 
     app = create_app(load_models(paths, names, options), options)
+    try:
+        app.state.detector.load()  # before the first request, rather than on it
+    except ApiError as error:
+        log.warning("%s", error.message)
     # What loading left (the models, compiled code) lives as long as the server: out of the garbage collector's
     # full passes, which walk every object and would stall requests (about 0.1 s a pass, 0.5 s with --compile).
     gc.freeze()

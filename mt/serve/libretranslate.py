@@ -1,7 +1,7 @@
-"""LibreTranslate's `POST /translate`, as its clients send it: JSON or a form, `q` a string or a list, `source`
-(or "auto"), `target`, `format` ("text": each `q` a line; "html": each a document, mt/documents/), and
-`api_key` in the body; and mt's own `glossary` (with `glossary_method`), as /v1/translate takes it, answered with
-`glossaryMissed`."""
+"""LibreTranslate's requests and answers, as its clients send and read them: the fields of a JSON body, or of the
+query string and a form; for `POST /translate`, `q` a string or a list, `source` (or "auto"), `target`, `format`
+("text": each `q` a line; "html": each a document, mt/documents/), `alternatives` and `api_key`; and mt's own
+`glossary` (with `glossary_method`), as /v1/translate takes it, answered with `glossaryMissed`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from fastapi import Request
 from mt.errors import ApiError
 from mt.serve.errors import unreadable
 
+MAX_ALTERNATIVES = 10  # per line: each costs a beam of its own
+
 
 @dataclass
 class Query:
@@ -22,37 +24,64 @@ class Query:
     single: bool  # `q` was one string: answer with one string
     source: str
     target: str
-    api_key: str | None
     format: str = "text"
+    alternatives: int = 0  # the next-best translations asked for each line
     glossary: Any = None  # as sent: mt/serve/checks.py's check_glossary judges it
     glossary_method: Any = None
 
 
-async def parse(request: Request) -> Query:
-    body = await fields(request)
+def body_key(body: dict) -> str | None:
+    key = body.get("api_key")
+    return key if isinstance(key, str) else None
+
+
+def texts(body: dict) -> tuple[list[str], bool]:
+    """`q`'s texts, and whether it was one string."""
     q = body.get("q")
-    single = isinstance(q, str)
-    if not single and not (isinstance(q, list) and all(isinstance(x, str) for x in q)):
+    if isinstance(q, str):
+        return [q], True
+    if not (isinstance(q, list) and all(isinstance(x, str) for x in q)):
         raise ApiError(400, "Invalid request: q must be a string or a list of strings")
+    return q, False
+
+
+def parse(body: dict) -> Query:
+    """The /translate request in `body` (its `fields`)."""
+    lines, single = texts(body)
     for key in ("source", "target"):
         if not isinstance(body.get(key), str) or not body[key]:
             raise ApiError(400, f"Invalid request: missing {key} parameter (a language code)")
     fmt = body.get("format", "text")
     if fmt not in ("text", "html"):
         raise ApiError(400, f"format {fmt!r} is not supported; send format=text or format=html")
-    key = body.get("api_key")
-    return Query([q] if single else q, single, body["source"], body["target"], key if isinstance(key, str) else None,
-                 fmt, body.get("glossary"), body.get("glossary_method"))
+    return Query(lines, single, body["source"], body["target"], fmt, alternatives(body.get("alternatives", 0)),
+                 body.get("glossary"), body.get("glossary_method"))
 
 
-def respond(query: Query, src: str, texts: list[str], missed: list[list[dict]] | None = None) -> dict:
-    """The answer; with a glossary, `glossaryMissed`: each line's terms its translation does not hold."""
-    out: dict = {"translatedText": texts[0] if query.single else texts}
+def alternatives(value: Any) -> int:
+    """`alternatives`: a whole number (in a form, its digits) from 0 to MAX_ALTERNATIVES."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ALTERNATIVES:
+        raise ApiError(400, f"Invalid request: alternatives must be a whole number from 0 to {MAX_ALTERNATIVES}, "
+                            f"not {value!r}")
+    return value
+
+
+def respond(query: Query, translated: list[str], missed: list[list[dict]] | None, detected: list[dict] | None,
+            alternatives: list[list[str]]) -> dict:
+    """The answer, one value per `q` (a list when `q` was): with source auto, `detectedLanguage` ({"confidence",
+    "language"}); asked for them, `alternatives`; with a glossary, `glossaryMissed` (the terms a translation lacks)."""
+    def each(values: list):
+        return values[0] if query.single else values
+
+    out: dict = {"translatedText": each(translated)}
+    if query.alternatives:
+        out["alternatives"] = each(alternatives)
+    if detected is not None:
+        out["detectedLanguage"] = each(detected)
     if missed is not None:
-        out["glossaryMissed"] = missed[0] if query.single else missed
-    if query.source == "auto":  # as LibreTranslate reports a detection; here, the model's source language
-        detected = {"confidence": 100.0, "language": src}
-        out["detectedLanguage"] = detected if query.single else [detected] * len(texts)
+        out["glossaryMissed"] = each(missed)
     return out
 
 

@@ -10,8 +10,9 @@ its first byte, or of the connection's opening for its first request. A client p
 head is incomplete, and its connection closed either way (the app, reading the body, sees the client gone).
 
 Nor does anything beneath the app bound a body's size: a fast client could send gigabytes for the server to hold.
-`BodyLimit` answers 413 to a body larger than the longest request the line limits allow (`max_body`), before
-reading it when its Content-Length says so, as soon as it is past the limit when it comes in chunks.
+`BodyLimit` answers 413 to a body larger than the longest request the line limits allow (`max_body`), or, for an
+upload to /translate_file, than --max-file-bytes and `FORM_ROOM`, before reading it when its Content-Length says
+so, as soon as it is past the limit when it comes in chunks.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from mt.serve.errors import answer
 
 # The most bytes JSON spells one character in: past U+FFFF, as two \uXXXX escapes.
 JSON_BYTES_PER_CHARACTER = 12
+FORM_ROOM = 64 * 2 ** 10  # an upload's body besides its file: the multipart heads, source, target, a key
+FILE_PATH = "/translate_file"
 
 
 def protocol(options: ServeOptions) -> functools.partial:
@@ -120,29 +123,37 @@ def max_body(options: ServeOptions) -> int:
 
 
 class BodyLimit:
-    """An ASGI middleware that answers 413 to a request whose body is over `limit` bytes: at once when its
-    Content-Length says so, and when the bytes read pass it otherwise (a chunked body), reading no further."""
+    """An ASGI middleware that answers 413 to a request whose body is over `limit` bytes (`file_limit` for an
+    upload to FILE_PATH): at once when its Content-Length says so, and when the bytes read pass it otherwise (a
+    chunked body), reading no further."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, file_limit: int):
+        self.app, self.limit, self.file_limit = app, limit, file_limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        upload = scope["path"] == FILE_PATH
+        limit = self.file_limit if upload else self.limit
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            return await answer(413, self.refusal(int(declared)), {"connection": "close"})(scope, receive, send)
+        if declared.isdigit() and int(declared) > limit:
+            return await answer(413, refusal(int(declared), limit, upload), {"connection": "close"})(
+                scope, receive, send)
         received = 0
 
         async def counted():
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
-            if received > self.limit:  # FastAPI answers it (mt/serve/errors.py)
-                raise ApiError(413, self.refusal(received, "at least "), {"connection": "close"})
+            if received > limit:  # FastAPI answers it (mt/serve/errors.py)
+                raise ApiError(413, refusal(received, limit, upload, "at least "), {"connection": "close"})
             return message
         await self.app(scope, counted, send)
 
-    def refusal(self, size: int, bound: str = "") -> str:
-        return (f"the body is {bound}{size:,} bytes; the limit is {self.limit:,} (from --max-lines and --max-chars): "
-                f"send the lines in several requests")
+
+def refusal(size: int, limit: int, upload: bool, bound: str = "") -> str:
+    if upload:
+        return (f"the upload is {bound}{size:,} bytes; the limit is {limit:,} (--max-file-bytes, and "
+                f"{FORM_ROOM // 1024} KiB for the form): send a smaller file")
+    return (f"the body is {bound}{size:,} bytes; the limit is {limit:,} (from --max-lines and --max-chars): "
+            f"send the lines in several requests")

@@ -13,7 +13,7 @@ from prometheus_client import (
 )
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-TRANSLATING = {"/translate", "/v1/translate", "/v1/attention"}
+TRANSLATING = {"/translate", "/translate_file", "/detect", "/v1/translate", "/v1/attention"}
 
 
 class Metrics:
@@ -21,8 +21,8 @@ class Metrics:
 
     def __init__(self, models: dict):
         self.registry = registry = CollectorRegistry()  # one per app: tests build many apps in one process
-        self.requests = Counter("mt_requests", "Translation requests answered, by endpoint and HTTP status",
-                                ["endpoint", "code"], registry=registry)
+        self.requests = Counter("mt_requests", "Translation and detection requests answered, by endpoint and HTTP "
+                                "status", ["endpoint", "code"], registry=registry)
         self.lines = Counter("mt_lines", "Lines translated", ["model"], registry=registry)
         self.tokens = Counter("mt_output_tokens", "Output pieces produced (best hypothesis)", ["model"],
                               registry=registry)

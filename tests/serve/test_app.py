@@ -18,16 +18,12 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
 from mt.cli import app as cli_app  # noqa: E402
+from mt.documents.formats import SUFFIXES  # noqa: E402
 from mt.options import ServeOptions  # noqa: E402
 from mt.serve.app import create_app, load_models  # noqa: E402
 
 WAIT = 120  # seconds: how long a held worker or a test waits for the other side, however loaded the machine
 LINES = ["der hund sitzt unter dem baum", "", "die katze läuft auf das rote haus", "   ", "das größte Ü-Ei ☃"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(trained_tiny) -> Path:
-    return trained_tiny(200)
 
 
 def serve_app(checkpoint: Path, **options):
@@ -99,7 +95,7 @@ def test_libretranslate_requests_in_every_shape_its_clients_send(checkpoint, tmp
     assert [r.status_code for r in refused] == [401, 403]  # no key, a wrong one: in the query string as in a body
     assert languages.json() == [{"code": "de", "name": "German", "targets": ["en"]}]
     assert settings.json() == {"charLimit": 5000, "frontendTimeout": 60000, "apiKeys": True, "keyRequired": True,
-                               "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                               "suggestions": False, "filesTranslation": True, "supportedFilesFormat": list(SUFFIXES),
                                "language": {"source": {"code": "de", "name": "German"},
                                             "target": {"code": "en", "name": "English"}}}
 
@@ -259,7 +255,7 @@ def free_port() -> int:
 
 def wait_ready(url: str, process: subprocess.Popen) -> None:
     for _ in range(600):
-        assert process.poll() is None, process.stderr.read()
+        assert process.poll() is None, process.stderr.read() if process.stderr else "the server ended"
         try:
             if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
                 return
@@ -269,17 +265,28 @@ def wait_ready(url: str, process: subprocess.Popen) -> None:
     raise AssertionError("the server never became ready")
 
 
+def start_server(checkpoint: Path, *args: str, env: dict | None = None, log=subprocess.PIPE
+                 ) -> tuple[str, subprocess.Popen]:
+    """`mt serve CHECKPOINT ARGS` in a process of its own on a free port, once it is ready: its URL and process.
+    Its output goes to `log` (a file, for a server that answers more than a pipe holds unread)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    process = subprocess.Popen([sys.executable, "-m", "mt", "serve", str(checkpoint), "--port", url.rsplit(":", 1)[1],
+                                *args], stdout=log, stderr=subprocess.STDOUT if log is not subprocess.PIPE else log,
+                               text=True, env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}))
+    try:
+        wait_ready(url, process)
+    except BaseException:
+        process.kill()
+        raise
+    return url, process
+
+
 def test_a_real_server_answers_a_libretranslate_client_and_stops_cleanly_on_sigterm(checkpoint, tmp_path):
     from deep_translator import LibreTranslator
     from libretranslatepy import LibreTranslateAPI
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-m", "mt", "serve", str(checkpoint), "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=os.environ | {"OMP_NUM_THREADS": "1"})
+    url, process = start_server(checkpoint)
     try:
-        wait_ready(url, process)
         expected = mt_translate(checkpoint, LINES, tmp_path)
         assert LibreTranslateAPI(url + "/").translate(LINES[0], "de", "en") == expected[0]
         deep = LibreTranslator(source="de", target="en", custom_url=url + "/", use_free_api=False, api_key="any")

@@ -15,12 +15,12 @@ from mt.options import ServeOptions  # noqa: E402
 from mt.serve.checks import api_keys, check_key  # noqa: E402
 
 from ..conftest import assert_refused  # noqa: E402
-from .test_app import LINES, checkpoint, client, held_and_watched, one_by_one, run, until  # noqa: E402, F401
+from .test_app import LINES, client, held_and_watched, one_by_one, run, until  # noqa: E402
 
 GOOD = [LINES[0], LINES[2], LINES[4]]
 
 
-def test_bad_requests_are_refused_before_batching_and_the_good_ones_beside_them_translated(checkpoint):  # noqa: F811 (the fixture)
+def test_bad_requests_are_refused_before_batching_and_the_good_ones_beside_them_translated(checkpoint):
     app, served, inside, release, seen = held_and_watched(checkpoint)
     json = {"Content-Type": "application/json"}
     bad = {  # each kind of bad request, sent while good ones wait for the same model call
@@ -51,7 +51,7 @@ def test_bad_requests_are_refused_before_batching_and_the_good_ones_beside_them_
     assert seen[0] == [LINES[0]] and sorted(seen[1]) == sorted(GOOD)  # one call for the good ones, nothing bad
 
 
-def test_a_model_call_that_fails_anyway_fails_only_the_request_that_caused_it(checkpoint):  # noqa: F811 (the fixture)
+def test_a_model_call_that_fails_anyway_fails_only_the_request_that_caused_it(checkpoint):
     app, served, inside, release, seen = held_and_watched(checkpoint)
     watched = served.batcher.translate
 

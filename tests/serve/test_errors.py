@@ -8,7 +8,7 @@ pytest.importorskip("fastapi")
 
 import mt.serve.app  # noqa: E402
 
-from .test_app import checkpoint, run, serve_app  # noqa: E402, F401
+from .test_app import run, serve_app  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -51,7 +51,7 @@ CASES = {  # name: (method, path, body, headers, status, a phrase of the error)
 }
 
 
-def test_every_malformed_request_gets_a_4xx_of_the_documented_shape(checkpoint):  # noqa: F811 (the fixture)
+def test_every_malformed_request_gets_a_4xx_of_the_documented_shape(checkpoint):
     app = serve_app(checkpoint, api_keys=frozenset({"k"}))
     key = {"Authorization": "Bearer k"}
 
@@ -69,7 +69,7 @@ def test_every_malformed_request_gets_a_4xx_of_the_documented_shape(checkpoint):
     assert answers["an unknown method"].headers["allow"] == "POST"
 
 
-def test_an_unexpected_failure_is_a_500_of_the_same_shape(checkpoint, monkeypatch):  # noqa: F811 (the fixture)
+def test_an_unexpected_failure_is_a_500_of_the_same_shape(checkpoint, monkeypatch):
     def broken(*args):
         raise RuntimeError("a bug")
     monkeypatch.setattr(mt.serve.app, "attention_map", broken)

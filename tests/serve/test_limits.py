@@ -18,7 +18,7 @@ import uvicorn  # noqa: E402
 from mt.options import ServeOptions  # noqa: E402
 from mt.serve.limits import max_body, protocol  # noqa: E402
 
-from .test_app import checkpoint, free_port, held, run, serve_app, until  # noqa: E402, F401
+from .test_app import free_port, held, run, serve_app, until  # noqa: E402
 
 TIMEOUT = 0.5  # --client-timeout of these tests: every wait below is a few of these
 HEAD = b"POST /v1/translate HTTP/1.1\r\nHost: mt\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
@@ -72,7 +72,7 @@ def error_of(answer: bytes) -> tuple[int, str]:
     return int(head.split()[1]), json.loads(body)["error"]
 
 
-def test_slow_and_silent_clients_are_dropped_and_a_slow_translation_is_not(checkpoint):  # noqa: F811 (the fixture)
+def test_slow_and_silent_clients_are_dropped_and_a_slow_translation_is_not(checkpoint):
     app = serve_app(checkpoint, client_timeout=TIMEOUT)
     with serving(app) as port:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
@@ -97,7 +97,7 @@ def test_slow_and_silent_clients_are_dropped_and_a_slow_translation_is_not(check
         assert inside.is_set()
 
 
-def test_a_connection_past_the_limit_is_refused_at_once(checkpoint):  # noqa: F811 (the fixture)
+def test_a_connection_past_the_limit_is_refused_at_once(checkpoint):
     app = serve_app(checkpoint, client_timeout=10 * TIMEOUT, max_connections=3)
     with serving(app) as port:
         held_open = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
@@ -115,7 +115,7 @@ def test_a_connection_past_the_limit_is_refused_at_once(checkpoint):  # noqa: F8
         assert answer.status_code == 200
 
 
-def test_a_body_over_the_limit_is_refused_without_reading_it(checkpoint):  # noqa: F811 (the fixture)
+def test_a_body_over_the_limit_is_refused_without_reading_it(checkpoint):
     """A body larger than the longest request the line limits allow is answered 413, before it is sent when its
     Content-Length says so, as soon as it is past the limit when it comes in chunks; the server serves on."""
     app = serve_app(checkpoint, max_lines=2, max_chars=10)

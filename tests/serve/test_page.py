@@ -20,7 +20,7 @@ import uvicorn  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from .test_app import checkpoint, free_port, serve_app  # noqa: E402, F401 (the fixture)
+from .test_app import free_port, serve_app  # noqa: E402
 
 SENTENCE = "die katze sitzt auf dem roten baum"
 
