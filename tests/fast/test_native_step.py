@@ -34,7 +34,9 @@ def models(precision: str, **changes) -> tuple[nn.Module, nn.Module]:
     plain.decode_step.max_rows = 0
     assert isinstance(native.decode_step, NativeDecodeStep)
     native.decode_step.max_rows = 16  # every step of the tests' searches, beyond the rows where it pays
-
+    for model, positions in ((native, 1 << 16), (plain, 0)):  # and every source: in C, or in PyTorch, whatever the
+        if isinstance(model.encode, NativeEncode):            # machine measured (or, busy, did not)
+            model.encode.max_rows = positions
     return native, plain
 
 
