@@ -111,7 +111,7 @@ you?</i>
 
 def test_subtitles_keep_numbers_timings_markup_and_their_number_of_lines():
     out, parts = translated("srt", SRT)
-    assert parts == ["Hello there.", "How are you?", "- Hi.", "- Bye."]
+    assert parts == ["Hello there.", "How are you?", "Hi.", "Bye."]  # a speaker's dash stays on its line
     assert out == ("1\n00:00:01,000 --> 00:00:02,500\n<i>HELLO THERE.\nHOW ARE YOU?</i>\n\n"
                    "2\n00:00:03,000 --> 00:00:04,000 X1:10 X2:20\n- HI.\n- BYE.\n\n"
                    "3\n00:00:05,000 --> 00:00:06,000\n{\\an8}♪ ♪\n")
@@ -119,7 +119,7 @@ def test_subtitles_keep_numbers_timings_markup_and_their_number_of_lines():
 
 @pytest.mark.parametrize("broken, line, phrase", [
     (SRT.replace("00:00:03,000 -->", "00:00:03,000 ->"), 7, "a broken timing line"),
-    (SRT.replace("\n2\n", "\nzwei\n"), 6, "expected a cue number"),
+    (SRT.replace("1\n", "eins\n", 1), 1, "expected a cue"),  # text before the first cue
     (SRT.rstrip("\n").rsplit("\n", 2)[0], 12, "the end of the file"),
 ])
 def test_a_broken_subtitle_file_is_refused_naming_the_line(broken, line, phrase):
