@@ -41,13 +41,20 @@ def test_paragraphs_keep_their_blank_lines_and_the_whitespace_between_sentences(
     assert out == "  THE CAT SAT. THE DOG RAN AWAY.\nA BIRD SANG!\n\n\n  \n42 - 7\n\nLAST ONE?"
 
 
-def test_a_part_translated_to_nothing_keeps_its_source():
+def test_a_part_translated_to_nothing_keeps_its_source_and_a_warning_says_so(capsys):
     out, _ = translated("text", "One sentence. Another one.", translate=lambda part: "" if "One" in part else "x")
     assert out == "One sentence. x"
+    assert capsys.readouterr().err == ("warning: sentence 1: the model translated it to nothing; it is kept "
+                                       "untranslated: 'One sentence.'\n")
 
 
-def test_a_long_sentence_is_cut_at_punctuation_then_at_spaces_and_nothing_is_lost():
+def test_a_long_sentence_is_cut_at_punctuation_then_at_spaces_and_nothing_is_lost(capsys):
     sentence = "one two three four five six seven, eight nine ten eleven twelve; thirteen fourteen"
+    out, parts = translated("text", f"{sentence}. Short one.", limit=4)
+    assert len(parts) == 6 and out.split() == f"{sentence}. Short one.".upper().split()
+    assert capsys.readouterr().err == ("warning: sentence 1: 14 pieces, more than the model takes (4): translated in "
+                                       "5 parts, cut at punctuation or spaces: 'one two three four five six seven, "
+                                       "eight nine ten eleven twe'\n")
     assert fit(sentence, 4, words) == ["one two three four", "five six seven,", "eight nine ten",
                                        "eleven twelve;", "thirteen fourteen"]
     assert fit("abcdefghij", 3, lambda texts: [len(t) for t in texts]) == ["ab", "cde", "fg", "hij"]  # no space
