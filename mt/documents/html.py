@@ -16,6 +16,7 @@ translation.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -57,7 +58,7 @@ class Events(HTMLParser):
 
     def __init__(self, source: str):
         super().__init__(convert_charrefs=True)
-        self.lines = [0] + [i + 1 for i, c in enumerate(source) if c == "\n"]
+        self.lines = [0] + [m.end() for m in re.finditer("\n", source)]
         self.events: list[tuple[int, str, str, list]] = []
 
     def at(self) -> int:

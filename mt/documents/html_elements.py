@@ -9,6 +9,7 @@ amortized: where an element is on the stack, and where each scope's innermost bo
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 SCOPE = frozenset("applet caption html table td th marquee object template".split())
@@ -55,9 +56,8 @@ class OpenElements:
         self.close_implied(name)
         if void:
             return
-        for scope, names in SCOPES.items():
-            if name in names:
-                self.bounds[scope].append(len(self.names))
+        for scope in scopes_of(name):
+            self.bounds[scope].append(len(self.names))
         self.where[name].append(len(self.names))
         self.names.append(name)
 
@@ -104,16 +104,25 @@ class OpenElements:
 
     def close(self, names: str | set[str] | frozenset[str], scope: str) -> None:
         """The innermost element of `names` closed, with all open inside it, where it is in `scope`."""
-        places = [self.where[n][-1] for n in ([names] if isinstance(names, str) else names) if self.where.get(n)]
+        if isinstance(names, str):
+            places = self.where.get(names)
+            at = places[-1] if places else -1
+        else:
+            at = max((self.where[n][-1] for n in names if self.where.get(n)), default=-1)
         bounds = self.bounds[scope]
-        if places and max(places) >= (bounds[-1] if bounds else 0):  # equal: the element is itself a boundary
-            self.pop_to(max(places))
+        if at >= 0 and at >= (bounds[-1] if bounds else 0):  # equal: the element is itself a boundary
+            self.pop_to(at)
 
     def pop_to(self, size: int) -> None:
         while len(self.names) > size:
             name = self.names.pop()
             self.where[name].pop()
-            for scope, names in SCOPES.items():
-                if name in names:
-                    self.bounds[scope].pop()
+            for scope in scopes_of(name):
+                self.bounds[scope].pop()
         self.lowest = min(self.lowest, size)
+
+
+@functools.cache
+def scopes_of(name: str) -> tuple[str, ...]:
+    """The scopes an element bounds."""
+    return tuple(scope for scope, names in SCOPES.items() if name in names)
