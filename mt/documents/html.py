@@ -90,7 +90,11 @@ def html_document(source: str, name: str) -> tuple[list[str], Callable[[Translat
     parser = Events(source)
     try:
         parser.feed(source)
-        parser.close()
+        unended = parser.rawdata  # what html.parser holds back: from a comment or tag that never ends, if any
+        if unended.startswith("<"):  # to the end, as browsers read it; html.parser's close() would take O(n²) on it
+            parser.events.append((len(source) - len(unended), "other", "", []))
+        else:
+            parser.close()
     except (AssertionError, ValueError) as error:  # html.parser is lenient: this is hardly HTML
         raise MtError(f"{name}:{parser.getpos()[0]}: cannot read this as HTML ({error}); is --format right?") \
             from None

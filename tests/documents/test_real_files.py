@@ -98,7 +98,7 @@ def subtitle_file(draw) -> tuple[str, list[dict]]:
     return (text + end if draw(st.booleans()) else text), cues
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(subtitle_file())
 def test_any_subtitle_file_keeps_its_numbers_and_timings_and_has_every_text_translated(shape):
     source, expected = shape
@@ -158,13 +158,18 @@ def html_texts(page: str) -> list[tuple[str, bool]]:
     return out
 
 
+INLINE_TAG = re.compile(r"</?(b|span)\b")  # those the pages below have inside sentences
+
+
 def tags(page: str) -> list[str]:
     return re.findall(r"<[^<>]*>", page)
 
 
 def assert_translated_as_a_browser_reads_it(page: str) -> None:
     out, _ = translated("html", page)
-    assert tags(out) == tags(page)  # every tag, byte for byte, in order
+    # every tag, byte for byte; in order, but for the inline tags inside a sentence, which move to its edges
+    assert sorted(tags(out)) == sorted(tags(page))
+    assert [t for t in tags(out) if not INLINE_TAG.match(t)] == [t for t in tags(page) if not INLINE_TAG.match(t)]
     # word by word (an inline tag inside a sentence moves to its edge): what is kept as it was, the rest translated
     words = [(word, kept) for text, kept in html_texts(page) for word in text.split()]
     assert [(word, kept) for text, kept in html_texts(out) for word in text.split()] == [
@@ -241,7 +246,7 @@ def block(draw, depth: int = 0) -> str:
     return f"<table{draw(ATTRS)}>{body}{''.join(rows)}{end(draw, 'tbody') if body else ''}</table>"
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(block(), min_size=1, max_size=5), st.sampled_from(["", "\n"]))
 def test_any_page_keeps_its_tags_and_what_is_not_to_be_translated_and_translates_all_after_it(blocks, gap):
     assert_translated_as_a_browser_reads_it("<!DOCTYPE html><html><body>" + gap.join(blocks) + "</body></html>")
@@ -273,6 +278,13 @@ def test_mt_serve_reads_subtitles_as_mt_translate_does_bom_and_all(model_path, t
     out = (tmp_path / "out.srt").read_text(encoding="utf-8")
     assert answer.json()["translations"][0]["text"] + "\n" == out and out.startswith("\ufeff1\n")
     assert [(start, end) for start, end, _ in cues(out)] == [(start, end) for start, end, _ in cues(SUBTITLES)]
+
+
+@pytest.mark.parametrize("unended", ["<a " * 20_000, "<!--x>" * 20_000, "<a '" * 20_000])
+def test_what_never_ends_is_kept_to_the_end_as_browsers_read_it_and_in_linear_time(unended):
+    # html.parser's close() reads each of these in time quadratic in their length (minutes for these 60-120 kB)
+    out, parts = translated("html", "<p>The cat sat. " + unended)
+    assert parts == ["The cat sat."] and out == "<p>THE CAT SAT. " + unended
 
 
 # Reading: a document is bounded by its size, not by the line limit of one-sentence-a-line files
