@@ -25,16 +25,18 @@ MAX_LINE_BYTES = 1 << 20  # far above any sentence's length, and what a line may
 
 
 def read_lines(source: str | Path | BinaryIO, encoding_errors: str = "strict", empty_ok: bool = False,
-               ask: Callable[[], None] | None = None, name: str = "stdin") -> Iterator[str]:
+               ask: Callable[[], None] | None = None, name: str = "stdin", limit: int | None = None
+               ) -> Iterator[str]:
     """Yield the lines of a UTF-8 file (plain, or gzip by suffix) or of a binary stream such as stdin (called
     `name` in errors), without their "\\n" or "\\r\\n"; each line is read only when asked for, after `ask()`
     (an interactive prompt). A leading byte-order mark is dropped. Raises `MtError` for a missing or unreadable
-    file, an empty one (unless `empty_ok`) and, when `encoding_errors` is "strict", invalid UTF-8.
+    file, an empty one (unless `empty_ok`), a line longer than `limit` bytes (default: `max_line_bytes()`) and,
+    when `encoding_errors` is "strict", invalid UTF-8.
     """
     if encoding_errors not in ENCODING_ERRORS:
         raise MtError(f"encoding errors must be one of {', '.join(ENCODING_ERRORS)}, not {encoding_errors!r}")
     is_file = isinstance(source, (str, Path))
-    name, lineno, limit = str(source) if is_file else name, 0, max_line_bytes()
+    name, lineno, limit = str(source) if is_file else name, 0, max_line_bytes() if limit is None else limit
     try:
         with _open_binary(Path(source)) if is_file else nullcontext(source) as f:  # a stream given stays open
             while True:

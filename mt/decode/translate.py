@@ -15,9 +15,12 @@ back together.
 
 from __future__ import annotations
 
+import codecs
 import gc
+import io
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -43,6 +46,7 @@ from mt.decode.load import Loaded, load_model
 from mt.decode.search import Hypothesis, SearchOptions, search_lines, translate_ids
 from mt.device import pick_device
 from mt.documents.formats import FILE_FORMATS, read_document, read_file
+from mt.documents.safe import MAX_FILE_BYTES
 from mt.documents.sentences import Document, Plan, finish, plan, splitter
 from mt.errors import MtError
 from mt.fast.compiled import compile_decoding
@@ -81,9 +85,9 @@ def run(request: TranslateRequest) -> None:
     """
     glossary = glossary_option(request)  # before the model loads: a bad file is refused at once
     loaded, opts, device = load(request)
+    name = str(request.input or "stdin")
     if request.format in FILE_FORMATS:
-        name = str(request.input or "stdin")
-        data = read_file_bytes(request.input) if request.input else sys.stdin.buffer.read()
+        data = read_document_bytes(request.input, name)
         [out] = translate_documents(loaded, [read_file(request.format, data, name)], opts, device, glossary)
         if request.output is None:
             sys.stdout.buffer.write(out)
@@ -92,9 +96,8 @@ def run(request: TranslateRequest) -> None:
             write_file(request.output, out)
         return
     if request.format != "lines":
-        lines = list(read_lines(request.input or sys.stdin.buffer, request.encoding_errors, empty_ok=True))
-        [text] = translate_documents(loaded, [read_document(request.format, lines, str(request.input or "stdin"))],
-                                     opts, device, glossary)
+        lines = document_lines(read_document_bytes(request.input, name), request.encoding_errors, name)
+        [text] = translate_documents(loaded, [read_document(request.format, lines, name)], opts, device, glossary)
         write_output([Translated(text.split("\n") if lines else [])], request.output, None, sys.stdout)
         return
     attention = attention_option(request, loaded, opts.nbest)
@@ -237,12 +240,26 @@ def output_lines(translated: Iterable[Translated], aligned: list[str]) -> Iterat
         yield from result.lines
 
 
-def read_file_bytes(path: Path) -> bytes:
-    """A document file's bytes, whole; MtError for one that cannot be read."""
+def read_document_bytes(path: Path | None, name: str) -> bytes:
+    """A document's bytes, whole, from `path` or stdin: read no further than a document may be (MAX_FILE_BYTES);
+    MtError for one larger, or that cannot be read."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") if path is not None else nullcontext(sys.stdin.buffer) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
-        raise MtError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise MtError(f"{name}: cannot read ({e.strerror or e})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise MtError(f"{name}: more than the {MAX_FILE_BYTES:,} bytes a document may have; split it")
+    return data
+
+
+def document_lines(data: bytes, encoding_errors: str, name: str) -> list[str]:
+    """The lines of a text document (--format text, html, srt), as `read_lines` reads a file's, but bound by the
+    document's size rather than a line's (a minified page is one line) and with its byte-order mark kept."""
+    lines = list(read_lines(io.BytesIO(data), encoding_errors, empty_ok=True, name=name, limit=max(len(data), 1)))
+    if data.startswith(codecs.BOM_UTF8):
+        lines[0] = "\ufeff" + lines[0]
+    return lines
 
 
 def translate_file(checkpoint: Path, src: Path, beam: int | None, device: str, len_penalty: float | None = None

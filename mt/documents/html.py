@@ -3,20 +3,25 @@ with the standard library's html.parser.
 
 A unit is the text between two block boundaries: any tag but the inline ones (<b>, <a>, <span>, ...), so that a
 sentence with a bold word in it is translated whole. Every tag, attribute, comment and declaration comes out as the
-source had it, byte for byte, and so does all of a unit with nothing translated in it and all that is inside
-<script>, <style>, <code>, <pre> (and the other elements of UNTOUCHED) or an element marked translate="no" or
-class="notranslate". A translation is written escaped (&, <, >), so that it can only ever be text. The model sees
-no tags: an inline tag between two sentences stays where it was; one inside a sentence moves to the sentence's edge
-(those that open go before it, those that close after it, nesting kept), so that it wraps the whole translation.
+source had it, byte for byte, and so does what html.parser passes over ("</>"), a byte-order mark, all of a unit
+with nothing translated in it and all that is inside <script>, <style>, <code>, <pre> (and the other elements of
+UNTOUCHED) or an element marked translate="no" or class="notranslate". Such an element ends where the HTML standard
+ends it: at its end tag, or where an end tag it may leave out is implied (a <p> at the next block, an <li> at the
+next <li>: html_elements.py). A translation is written escaped (&, <, >), so that it can only ever be text. The
+model sees no tags: an inline tag between two sentences stays where it was; one inside a sentence moves to the
+sentence's edge (those that open go before it, those that close after it, nesting kept), so that it wraps the whole
+translation.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 
+from mt.documents.html_elements import OpenElements
 from mt.errors import MtError
 
 INLINE = frozenset("a abbr b bdi bdo big cite data del dfn em font i img ins label mark nobr q s small span strong "
@@ -53,7 +58,7 @@ class Events(HTMLParser):
 
     def __init__(self, source: str):
         super().__init__(convert_charrefs=True)
-        self.lines = [0] + [i + 1 for i, c in enumerate(source) if c == "\n"]
+        self.lines = [0] + [m.end() for m in re.finditer("\n", source)]
         self.events: list[tuple[int, str, str, list]] = []
 
     def at(self) -> int:
@@ -81,21 +86,27 @@ class Events(HTMLParser):
 def html_document(source: str, name: str) -> tuple[list[str], Callable[[Translated], str]]:
     """The units' texts of an HTML document or fragment, and what puts the document back together from their
     sentences' translations. Raises MtError, naming `name` and the line, for what html.parser cannot read."""
+    bom, source = ("\ufeff", source[1:]) if source.startswith("\ufeff") else ("", source)  # kept, not text
     parser = Events(source)
     try:
         parser.feed(source)
-        parser.close()
+        unended = parser.rawdata  # what html.parser holds back: from a comment or tag that never ends, if any
+        if unended.startswith("<"):  # to the end, as browsers read it; html.parser's close() would take O(n²) on it
+            parser.events.append((len(source) - len(unended), "other", "", []))
+        else:
+            parser.close()
     except (AssertionError, ValueError) as error:  # html.parser is lenient: this is hardly HTML
         raise MtError(f"{name}:{parser.getpos()[0]}: cannot read this as HTML ({error}); is --format right?") \
             from None
     events = parser.events
-    items: list[str | int] = [] if events else [source]  # the output: source as it is, or the index of a unit
+    items: list[str | int] = [bom] + ([] if events else [source])  # the output: source, or the index of a unit
     units: list[Unit] = []
     texts: list[str] = []
     tags: list[Tag] = []
     length = 0  # of the unit's text so far
     start = 0  # where the unit being gathered starts in the source
-    untouched: tuple[str, int] | None = None  # the element being passed through, and how deep in it we are
+    elements = OpenElements()
+    untouched: int | None = None  # where the element being passed through is among the open elements
 
     def flush(end: int) -> None:
         nonlocal texts, tags, length
@@ -108,28 +119,45 @@ def html_document(source: str, name: str) -> tuple[list[str], Callable[[Translat
     bounds = [0] + [offset for offset, *_ in events[1:]] + [len(source)]
     for (_, kind, what, attrs), begin, end in zip(events, bounds, bounds[1:], strict=False):
         raw = source[begin:end]
+        elements.mark()
+        if kind in ("open", "void"):
+            elements.start(what, void=kind == "void")
+        elif kind == "close":
+            elements.end(what)
         if untouched is not None:
-            depth = untouched[1] + (what == untouched[0]) * {"open": 1, "close": -1}.get(kind, 0)
-            untouched = (untouched[0], depth) if depth else None
-            items.append(raw)
-            continue
+            if elements.lowest > untouched or kind != "open":  # still inside, or the end tag that ends it
+                untouched = None if elements.lowest <= untouched else untouched
+                items.append(raw)
+                continue
+            untouched = None  # ended by a tag that starts what follows it (<li> after <li translate="no">)
         if not texts and not tags:
             start = begin
         if kind == "text":
             texts.append(what)
             length += len(what)
+            stop = text_end(source, begin, end, what)
+            if stop < end:  # what html.parser passed over without a token ("</>"): kept, as a boundary
+                flush(stop)
+                items.append(source[stop:end])
         elif kind in ("open", "close", "void") and what in INLINE and not (kind == "open" and kept(what, attrs)):
             tags.append(Tag(length, raw, kind, what))
         else:
             flush(begin)
             items.append(raw)
             if kind == "open" and (what in UNTOUCHED or kept(what, attrs)):
-                untouched = (what, 1)
+                untouched = len(elements) - 1
     flush(len(source))
 
     def render(translated: Translated) -> str:
         return "".join(item if isinstance(item, str) else put_back(units[item], translated[item]) for item in items)
     return [unit.text for unit in units], render
+
+
+def text_end(source: str, begin: int, end: int, text: str) -> int:
+    """Where the source of the text token `text` at `begin` ends (at the next "<", as html.parser reads text), if
+    before `end`, the next token's start."""
+    stop = source.find("<", begin + 1, end)
+    return stop if stop >= 0 and html.unescape(source[begin:stop]) == text else end
 
 
 def kept(tag: str, attrs: list[tuple[str, str | None]]) -> bool:

@@ -7,7 +7,7 @@ Each unit is cut into sentences by sentencex, and again where the document shows
 mt/decode/translate.py (`Plan.parts` in, their translations to `finish`). Each translation takes its sentence's
 place; what is between sentences stays as it was. Nothing is cut off or dropped: a sentence longer than the model
 takes is cut at a safe point (punctuation, else a space) and its parts translated one by one; a sentence without a
-letter is kept as it is, and so is one the model translates to nothing.
+letter is kept as it is, and so is one the model translates to nothing; a warning on stderr names each of these.
 
 Torch-free: the model's part comes in as `count` (source pieces per text) and `limit` (the most it takes).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,6 +83,9 @@ def plan(documents: list[Document], lang: str, count: Callable[[list[str]], list
     sources = [" ".join(s.text.split()) for s in todo]
     for sentence, source, pieces in zip(todo, sources, count(sources), strict=True):
         cut = [source] if pieces <= limit else fit(source, limit, count)
+        if len(cut) > 1:
+            warn(len(parts), f"{pieces} pieces, more than the model takes ({limit}): translated in {len(cut)} parts, "
+                             f"cut at punctuation or spaces: {source[:60]!r}")
         sentence.first, sentence.count = len(parts), len(cut)
         parts.extend(cut)
     return Plan(documents, sentences, parts)
@@ -91,6 +95,9 @@ def finish(plan: Plan, translations: list[str]) -> list[str | bytes]:
     """Each document's text, its sentences replaced by `translations` of `plan.parts` (in their order)."""
     if len(translations) != len(plan.parts):
         raise ValueError(f"{len(translations)} translations for {len(plan.parts)} parts")
+    for k, (part, text) in enumerate(zip(plan.parts, translations, strict=True)):
+        if not text.split():
+            warn(k, f"the model translated it to nothing; it is kept untranslated: {part[:60]!r}")
     for doc in plan.sentences:
         for unit in doc:
             for s in unit:
@@ -99,6 +106,12 @@ def finish(plan: Plan, translations: list[str]) -> list[str | bytes]:
                                     for k in range(s.first, s.first + s.count))
                     s.text = s.text if text == " ".join(s.text.split()) else text  # unchanged: as it was written
     return [doc.render(sentences) for doc, sentences in zip(plan.documents, plan.sentences, strict=True)]
+
+
+def warn(part: int, message: str) -> None:
+    """A warning on stderr (the CLI's, the server's log) about `Plan.parts[part]`, numbered from 1 as the
+    glossary's warnings number them: what a document loses nothing by, but its reader should know."""
+    print(f"warning: sentence {part + 1}: {message}", file=sys.stderr)
 
 
 def split_sentences(text: str, lang: str, segment: Callable[[str, str], list[str]]) -> list[tuple[int, int]]:

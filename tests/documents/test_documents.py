@@ -41,13 +41,20 @@ def test_paragraphs_keep_their_blank_lines_and_the_whitespace_between_sentences(
     assert out == "  THE CAT SAT. THE DOG RAN AWAY.\nA BIRD SANG!\n\n\n  \n42 - 7\n\nLAST ONE?"
 
 
-def test_a_part_translated_to_nothing_keeps_its_source():
+def test_a_part_translated_to_nothing_keeps_its_source_and_a_warning_says_so(capsys):
     out, _ = translated("text", "One sentence. Another one.", translate=lambda part: "" if "One" in part else "x")
     assert out == "One sentence. x"
+    assert capsys.readouterr().err == ("warning: sentence 1: the model translated it to nothing; it is kept "
+                                       "untranslated: 'One sentence.'\n")
 
 
-def test_a_long_sentence_is_cut_at_punctuation_then_at_spaces_and_nothing_is_lost():
+def test_a_long_sentence_is_cut_at_punctuation_then_at_spaces_and_nothing_is_lost(capsys):
     sentence = "one two three four five six seven, eight nine ten eleven twelve; thirteen fourteen"
+    out, parts = translated("text", f"{sentence}. Short one.", limit=4)
+    assert len(parts) == 6 and out.split() == f"{sentence}. Short one.".upper().split()
+    assert capsys.readouterr().err == ("warning: sentence 1: 14 pieces, more than the model takes (4): translated in "
+                                       "5 parts, cut at punctuation or spaces: 'one two three four five six seven, "
+                                       "eight nine ten eleven twe'\n")
     assert fit(sentence, 4, words) == ["one two three four", "five six seven,", "eight nine ten",
                                        "eleven twelve;", "thirteen fourteen"]
     assert fit("abcdefghij", 3, lambda texts: [len(t) for t in texts]) == ["ab", "cde", "fg", "hij"]  # no space
@@ -111,7 +118,7 @@ you?</i>
 
 def test_subtitles_keep_numbers_timings_markup_and_their_number_of_lines():
     out, parts = translated("srt", SRT)
-    assert parts == ["Hello there.", "How are you?", "- Hi.", "- Bye."]
+    assert parts == ["Hello there.", "How are you?", "Hi.", "Bye."]  # a speaker's dash stays on its line
     assert out == ("1\n00:00:01,000 --> 00:00:02,500\n<i>HELLO THERE.\nHOW ARE YOU?</i>\n\n"
                    "2\n00:00:03,000 --> 00:00:04,000 X1:10 X2:20\n- HI.\n- BYE.\n\n"
                    "3\n00:00:05,000 --> 00:00:06,000\n{\\an8}♪ ♪\n")
@@ -119,7 +126,7 @@ def test_subtitles_keep_numbers_timings_markup_and_their_number_of_lines():
 
 @pytest.mark.parametrize("broken, line, phrase", [
     (SRT.replace("00:00:03,000 -->", "00:00:03,000 ->"), 7, "a broken timing line"),
-    (SRT.replace("\n2\n", "\nzwei\n"), 6, "expected a cue number"),
+    (SRT.replace("1\n", "eins\n", 1), 1, "expected a cue"),  # text before the first cue
     (SRT.rstrip("\n").rsplit("\n", 2)[0], 12, "the end of the file"),
 ])
 def test_a_broken_subtitle_file_is_refused_naming_the_line(broken, line, phrase):
