@@ -200,6 +200,6 @@ def test_what_polib_writes_mt_reads_as_polib_does(entries):
     todo = [e for e in polib.pofile(source.decode()) if not e.translated()]
     assert read_file("po", source, "p.po").units == [t for e in todo for t in [e.msgid, e.msgid_plural] if t]
     out = translated(source, translate=lambda part: part)  # the source as its own translation
-    assert [(e.msgid, e.msgstr, e.msgstr_plural) for e in polib.pofile(out.decode()) if e.msgid in
-            {t.msgid for t in todo}] == [(e.msgid, "" if e.msgid_plural else e.msgid,
+    assert [(e.msgid, e.msgstr, e.msgstr_plural) for e in polib.pofile(out.decode()) if (e.msgctxt, e.msgid) in
+            {(t.msgctxt, t.msgid) for t in todo}] == [(e.msgid, "" if e.msgid_plural else e.msgid,
                                           {0: e.msgid, 1: e.msgid_plural} if e.msgid_plural else {}) for e in todo]
