@@ -17,6 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # make test runs a worker per core: o
     # and so do the commands the tests start: two threads on a core the other worker keeps busy wait on each other
     # at every parallel region, ten times slower
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # torch.compile's pool of a process per core, alike
 # mt's cache of kernel choices and its C library, for the tests alone: choices timed while the tests load every core
 # are not the user's to keep
 os.environ.setdefault("MT_CACHE", str(Path(tempfile.gettempdir()) / "mt-tests-cache"))
