@@ -1,9 +1,10 @@
 """What reading and writing Word, PowerPoint, OpenDocument and EPUB files costs mt, beside the model: Multi30k's
 test2016 German sentences made into a file of each format with its own library (paragraphs of five sentences with
-a bold word, in a Word file also a table; slides of a title and five bullets with notes; chapters of an EPUB;
-the Office files' XML declarations spelled as Office spells them),
+a bold word inside the third, in a Word file also a table; slides of a title and five bullets with notes;
+chapters of an EPUB; the Office files' XML declarations spelled as Office spells them),
 then translated by a stand-in for the model (upper case) through mt/documents: the median time of mt's own work
-(unpack, parse, cut into sentences, place the translations, write the zip) and the parts it rewrote. Beside it,
+(unpack, parse, cut into sentences, place the translations, write the zip), the parts it rewrote, and the inputs
+it gives the model (sentences, and spans of other formatting inside one, translated on their own too). Beside it,
 for Word and PowerPoint, the same done with python-docx / python-pptx (each run upper-cased, then saved): its time,
 and how many parts its save rewrote.
 
@@ -29,6 +30,7 @@ import docx
 import pptx
 from ebooklib import epub
 from odf.opendocument import OpenDocumentText
+from odf.style import Style, TextProperties
 from odf.text import P, Span
 
 from mt.documents.formats import read_file
@@ -38,9 +40,10 @@ from mt.documents.sentences import finish, plan
 def word(paragraphs: list[list[str]]) -> bytes:
     d = docx.Document()
     for sentences in paragraphs:
-        p = d.add_paragraph(" ".join(sentences[:2]) + " ")
-        p.add_run(sentences[2]).bold = True
-        p.add_run(" " + " ".join(sentences[3:]))
+        before, word, after = bold_word(sentences)
+        p = d.add_paragraph(before)
+        p.add_run(word).bold = True
+        p.add_run(after)
     table = d.add_table(rows=10, cols=5)
     for cell, sentences in zip((c for row in table.rows for c in row.cells), paragraphs, strict=False):
         cell.text = sentences[0]
@@ -59,12 +62,22 @@ def powerpoint(paragraphs: list[list[str]]) -> bytes:
 
 def opendocument(paragraphs: list[list[str]]) -> bytes:
     doc = OpenDocumentText()
+    bold = Style(name="Bold", family="text")
+    bold.addElement(TextProperties(fontweight="bold"))
+    doc.automaticstyles.addElement(bold)
     for sentences in paragraphs:
-        p = P(text=" ".join(sentences[:2]) + " ")
-        p.addElement(Span(text=sentences[2]))
-        p.addText(" " + " ".join(sentences[3:]))
+        before, word, after = bold_word(sentences)
+        p = P(text=before)
+        p.addElement(Span(stylename=bold, text=word))
+        p.addText(after)
         doc.text.addElement(p)
     return saved(doc)
+
+
+def bold_word(sentences: list[str]) -> tuple[str, str, str]:
+    """A paragraph of `sentences` cut around the second word of the third: the text before it, it, the rest."""
+    first, word, *rest = sentences[2].split(" ")
+    return (" ".join([*sentences[:2], first]) + " ", word, " " + " ".join([*rest, *sentences[3:]]))
 
 
 def book(paragraphs: list[list[str]], folder: Path) -> bytes:
@@ -109,6 +122,16 @@ def saved(doc) -> bytes:
 def mt_work(fmt: str, data: bytes) -> bytes:
     todo = plan([read_file(fmt, data, fmt)], "de", lambda texts: [len(t.split()) for t in texts], 200)
     return finish(todo, [part.upper() for part in todo.parts])[0]
+
+
+def model_inputs(fmt: str, data: bytes) -> dict[str, int]:
+    """What the model is given for the file: its inputs, those that are spans inside a sentence, and their words."""
+    todo = plan([read_file(fmt, data, fmt)], "de", lambda texts: [len(t.split()) for t in texts], 200)
+    spans = [span for unit in todo.sentences[0] for s in unit for span in s.spans if span.count]
+    return {"inputs": len(todo.parts), "span_inputs": sum(span.count for span in spans),
+            "words": sum(len(part.split()) for part in todo.parts),
+            "span_words": sum(len(todo.parts[k].split()) for span in spans
+                              for k in range(span.first, span.first + span.count))}
 
 
 def library_work(fmt: str, data: bytes) -> bytes:
@@ -161,6 +184,7 @@ def main() -> None:
     for fmt, data in files.items():
         seconds, out = timed(mt_work, fmt, data, args.runs)
         row = {"bytes": len(data), "mt_s": seconds, "mt_parts_rewritten": rewritten(data, out)}
+        row |= model_inputs(fmt, data)
         if fmt in ("docx", "pptx"):
             seconds, out = timed(library_work, fmt, data, args.runs)
             row |= {"library_s": seconds, "library_parts_rewritten": rewritten(data, out)}

@@ -29,6 +29,9 @@ CT = "{http://schemas.openxmlformats.org/package/2006/content-types}"
 WORD_INLINE = {W + tag for tag in "hyperlink ins moveTo smartTag sdt sdtContent fldSimple customXml bdo dir".split()}
 WORD_BREAKS = {W + tag for tag in ("tab", "ptab", "br", "cr")}
 OFF = {"0", "false", "off"}
+R_ID = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}id"
+UNSEEN_WORD = {W + tag for tag in ("lang", "noProof", "rPrChange")}  # run properties a reader does not see
+UNSEEN_SLIDE = {"lang", "altLang", "dirty", "err", "noProof", "smtClean", "smtId", "bmk"}  # (a:rPr attributes)
 
 
 @dataclass(frozen=True)
@@ -95,17 +98,19 @@ def text_parts(parts: dict[str, bytes], file: str, office: Office) -> list[tuple
 
 def word_lines(paragraph: etree._Element) -> list[list[Run]]:
     """The runs of text of a Word paragraph (<w:p>), cut at tabs and line breaks; not those of a paragraph inside
-    it (a text box's), which is one of its own. The shown text of a HYPERLINK field is linked, as a <w:hyperlink>."""
+    it (a text box's), which is one of its own. The shown text of a HYPERLINK field is linked, as a <w:hyperlink>.
+    A run's style: its link, and the properties of its <w:r> a reader sees."""
     lines: list[list[Run]] = [[]]
     fields: list[Field] = []  # the complex fields open where the walk is
 
-    def walk(node: etree._Element, linked: bool) -> None:
+    def walk(node: etree._Element, link: str) -> None:
         for child in node:
             if child.tag == W + "r" and not hidden(child):
                 for item in child:
+                    shown = [f.code for f in fields if f.shown and f.code.split()[:1] == ["HYPERLINK"]]
+                    style = " ".join([link, *shown[-1:], word_format(child)])
                     if item.tag == W + "t":
-                        link = linked or any(f.shown and f.code.split()[:1] == ["HYPERLINK"] for f in fields)
-                        lines[-1].append(Run(item, "text", item.text or "", link, spaces=True))
+                        lines[-1].append(Run(item, "text", item.text or "", bool(link or shown), True, style))
                     elif item.tag == W + "fldChar":
                         field(item.get(W + "fldCharType"))
                     elif item.tag == W + "instrText" and fields:
@@ -113,9 +118,10 @@ def word_lines(paragraph: etree._Element) -> list[list[Run]]:
                     elif item.tag in WORD_BREAKS:
                         lines.append([])
                     elif item.tag == W + "noBreakHyphen":
-                        lines[-1].append(Run(item, "", "\u2011"))
+                        lines[-1].append(Run(item, "", "\u2011", style=style))
             elif child.tag in WORD_INLINE:
-                walk(child, linked or child.tag == W + "hyperlink")
+                here = f"link:{child.get(R_ID) or ''}#{child.get(W + 'anchor') or ''}"
+                walk(child, here if child.tag == W + "hyperlink" else link)
     def field(kind: str | None) -> None:
         if kind == "begin":
             fields.append(Field())
@@ -123,8 +129,15 @@ def word_lines(paragraph: etree._Element) -> list[list[Run]]:
             fields[-1].shown = True
         elif kind == "end" and fields:
             fields.pop()
-    walk(paragraph, False)
+    walk(paragraph, "")
     return [line for line in lines if line]
+
+
+def word_format(run: etree._Element) -> str:
+    """A Word run's formatting as a reader sees it: its properties (<w:rPr>), less the language and the like."""
+    props = run.find(W + "rPr")
+    return "" if props is None else b"".join(
+        etree.tostring(p, with_tail=False) for p in props if p.tag not in UNSEEN_WORD).decode()
 
 
 def hidden(run: etree._Element) -> bool:
@@ -137,10 +150,21 @@ def slide_lines(paragraph: etree._Element) -> list[list[Run]]:
     lines: list[list[Run]] = [[]]
     for child in paragraph:
         if child.tag == A + "r" and (t := child.find(A + "t")) is not None:
-            lines[-1].append(Run(t, "text", t.text or "", child.find(f"{A}rPr/{A}hlinkClick") is not None))
+            lines[-1].append(Run(t, "text", t.text or "", child.find(f"{A}rPr/{A}hlinkClick") is not None,
+                                 style=slide_format(child)))
         elif child.tag in (A + "br", A + "fld"):
             lines.append([])
     return [line for line in lines if line]
+
+
+def slide_format(run: etree._Element) -> str:
+    """A DrawingML run's formatting as a reader sees it: its properties (<a:rPr>: attributes and children, a link
+    among them), less the language, the spelling marks and the like."""
+    props = run.find(A + "rPr")
+    if props is None:
+        return ""
+    seen = sorted((name, value) for name, value in props.attrib.items() if name not in UNSEEN_SLIDE)
+    return repr(seen) + b"".join(etree.tostring(p, with_tail=False) for p in props).decode()
 
 
 def in_placeholder(paragraph: etree._Element) -> bool:

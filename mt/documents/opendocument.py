@@ -23,6 +23,7 @@ from mt.errors import MtError
 TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
 OFFICE = "{urn:oasis:names:tc:opendocument:xmlns:office:1.0}"
 PRESENTATION = "{urn:oasis:names:tc:opendocument:xmlns:presentation:1.0}"
+XLINK = "{http://www.w3.org/1999/xlink}"
 MANIFEST = "{urn:oasis:names:tc:opendocument:xmlns:manifest:1.0}"
 UNITS = (TEXT + "p", TEXT + "h", PRESENTATION + "footer-decl", PRESENTATION + "header-decl")
 INLINE = {TEXT + "span", TEXT + "a", TEXT + "meta"}
@@ -75,21 +76,23 @@ def translated(paragraph: etree._Element) -> bool:
 def odf_lines(paragraph: etree._Element) -> list[list[Run]]:
     """The runs of text of an OpenDocument paragraph: its text, and its spans' and links' (their text and each
     child's tail), cut at tabs, line breaks and fields; not those of a paragraph inside it (a note's, a text
-    box's), which is one of its own."""
+    box's), which is one of its own. A run's style: the styles of the spans around it, and its link."""
     lines: list[list[Run]] = [[]]
 
-    def walk(node: etree._Element, linked: bool) -> None:
-        lines[-1].append(Run(node, "text", node.text or "", linked))
+    def walk(node: etree._Element, linked: bool, style: str) -> None:
+        lines[-1].append(Run(node, "text", node.text or "", linked, style=style))
         for child in node:
             tag = child.tag if isinstance(child.tag, str) else ""  # a comment's or a processing instruction's
             if tag in INLINE:
-                walk(child, linked or tag == TEXT + "a")
+                name, href = child.get(TEXT + "style-name"), child.get(XLINK + "href")
+                inner = style + f" {name or ''}:{href or ''}" if name or href else style  # a bare span: no formatting
+                walk(child, linked or tag == TEXT + "a", inner)
             elif tag == TEXT + "s":
-                lines[-1].append(Run(child, "", " " * spaces(child)))
+                lines[-1].append(Run(child, "", " " * spaces(child), style=style))
             elif tag in BREAKS or (tag.startswith(TEXT) and tag != TEXT + "note" and "".join(child.itertext()).strip()):
                 lines.append([])
-            lines[-1].append(Run(child, "tail", child.tail or "", linked))
-    walk(paragraph, False)
+            lines[-1].append(Run(child, "tail", child.tail or "", linked, style=style))
+    walk(paragraph, False, "")
     return [line for line in lines if any(run.text for run in line)]
 
 

@@ -19,7 +19,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mt.errors import MtError
 
@@ -33,22 +33,27 @@ STARTER_RATIO = 2  # ... and how many times as often as it stands capitalized in
 @dataclass
 class Sentence:
     """One sentence of a unit: where it is in the unit's text; what takes its place (its translation, else itself);
-    and which of `Plan.parts` it was translated as (`count` 0: kept as it is)."""
+    and which of `Plan.parts` it was translated as (`count` 0: kept as it is). `spans`: stretches of it translated
+    on their own too (a bold word inside it, runs.py), each a Sentence of the unit's text."""
 
     start: int
     end: int
     text: str
     first: int = 0
     count: int = 0
+    spans: list[Sentence] = field(default_factory=list)
 
 
 @dataclass
 class Document:
     """A document cut into units of text to translate, and how to put it back together: `render` takes each
-    unit's sentences, translated, and returns the document (its text, or a file format's bytes)."""
+    unit's sentences, translated, and returns the document (its text, or a file format's bytes). `spans`, where
+    given, names for a unit's sentences (the unit's index, each one's start and end) the stretches of each to
+    translate on their own too."""
 
     units: list[str]
     render: Callable[[list[list[Sentence]]], str | bytes]  # str for a text format, bytes for a file
+    spans: Callable[[int, list[tuple[int, int]]], list[list[tuple[int, int]]]] | None = None
 
 
 @dataclass
@@ -72,14 +77,18 @@ def splitter() -> Callable[[str, str], list[str]]:
 
 def plan(documents: list[Document], lang: str, count: Callable[[list[str]], list[int]], limit: int) -> Plan:
     """Each unit of `documents` cut into sentences (sentencex's rules for `lang`), and the parts to translate: each
-    sentence with a letter in it, its whitespace runs made single spaces, cut (`fit`) where it is longer than
-    `limit` pieces (as `count` counts them)."""
+    sentence with a letter in it (and each of its `Document.spans` with one), its whitespace runs made single
+    spaces, cut (`fit`) where it is longer than `limit` pieces (as `count` counts them)."""
     segment, parts, sentences = splitter(), [], []
     for doc in documents:
         spans = missing_stops(doc.units, [split_sentences(unit, lang, segment) for unit in doc.units])
         sentences.append([[Sentence(s, e, unit[s:e]) for s, e in unit_spans]
                           for unit, unit_spans in zip(doc.units, spans, strict=True)])
-    todo = [s for doc in sentences for unit in doc for s in unit if any(c.isalpha() for c in s.text)]
+        for i, unit in enumerate(sentences[-1] if doc.spans else []):
+            for s, stretches in zip(unit, doc.spans(i, [(s.start, s.end) for s in unit]), strict=True):
+                s.spans = [Sentence(a, b, doc.units[i][a:b]) for a, b in stretches]
+    todo = [t for doc in sentences for unit in doc for s in unit if any(c.isalpha() for c in s.text)
+            for t in (s, *s.spans) if any(c.isalpha() for c in t.text)]
     sources = [" ".join(s.text.split()) for s in todo]
     for sentence, source, pieces in zip(todo, sources, count(sources), strict=True):
         cut = [source] if pieces <= limit else fit(source, limit, count)
@@ -100,7 +109,7 @@ def finish(plan: Plan, translations: list[str]) -> list[str | bytes]:
             warn(k, f"the model translated it to nothing; it is kept untranslated: {part[:60]!r}")
     for doc in plan.sentences:
         for unit in doc:
-            for s in unit:
+            for s in (t for sentence in unit for t in (sentence, *sentence.spans)):
                 if s.count:  # a part translated to nothing keeps its source text
                     text = " ".join(" ".join(translations[k].split()) or plan.parts[k]
                                     for k in range(s.first, s.first + s.count))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from mt.documents.runs import Run, place, text_of
+from mt.documents.runs import Run, place, spans, text_of
 from mt.documents.safe import a, parse_xml, write_zip, xml_bytes
 from mt.documents.sentences import Document, Sentence
 from mt.errors import MtError
@@ -17,10 +17,12 @@ from mt.errors import MtError
 
 @dataclass
 class Section:
-    """Units of some parts, and what renders them translated: the parts that changed, by name, as bytes."""
+    """Units of some parts, and what renders them translated: the parts that changed, by name, as bytes; and
+    what names the stretches of a unit's sentences to translate on their own too (Document.spans)."""
 
     units: list[str]
     render: Callable[[list[list[Sentence]]], dict[str, bytes]]
+    spans: Callable[[int, list[tuple[int, int]]], list[list[tuple[int, int]]]] | None = None
 
 
 @dataclass
@@ -45,11 +47,12 @@ def xml_part(parts: dict[str, bytes], part: str, file: str) -> XmlPart:
 
 
 def runs_section(units: list[tuple[XmlPart, list[Run]]]) -> Section:
-    """A section whose units are runs of text in XML parts: each translation placed in its runs (runs.place)."""
+    """A section whose units are runs of text in XML parts: each translation placed in its runs (runs.place), a
+    span of other formatting inside a sentence translated on its own too (runs.spans)."""
     def render(sentences: list[list[Sentence]]) -> dict[str, bytes]:
         changed = {part.name: part for (part, runs), unit in zip(units, sentences, strict=True) if place(runs, unit)}
         return {name: xml_bytes(part.tree, part.original) for name, part in changed.items()}
-    return Section([text_of(runs) for _, runs in units], render)
+    return Section([text_of(runs) for _, runs in units], render, lambda i, sentences: spans(units[i][1], sentences))
 
 
 def zip_document(data: bytes, sections: list[Section]) -> Document:
@@ -60,4 +63,9 @@ def zip_document(data: bytes, sections: list[Section]) -> Document:
             changed |= section.render(sentences[pos:pos + len(section.units)])
             pos += len(section.units)
         return write_zip(data, changed)
-    return Document([unit for section in sections for unit in section.units], render)
+    where = [(section, i) for section in sections for i in range(len(section.units))]  # a unit's section, index in it
+
+    def unit_spans(unit: int, sentences: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+        section, i = where[unit]
+        return section.spans(i, sentences) if section.spans else [[] for _ in sentences]
+    return Document([unit for section in sections for unit in section.units], render, unit_spans)

@@ -2,6 +2,7 @@
 check that a translated zip differs from its source in text only."""
 
 import io
+import re
 import struct
 import zipfile
 import zlib
@@ -16,6 +17,16 @@ def translated_file(fmt: str, data: bytes, translate=str.upper, name: str = "doc
     """The file `data` of format `fmt`, each sentence translated by `translate`."""
     todo = plan([read_file(fmt, data, name)], "en", lambda texts: [len(t.split()) for t in texts], 100)
     return finish(todo, [translate(part) for part in todo.parts])[0]
+
+
+def by_word(table: dict[str, str]):
+    """A stand-in for the model that translates word by word by `table`, each other character kept."""
+    return lambda text: re.sub(r"\w+", lambda word: table.get(word.group(), word.group()), text)
+
+
+def exactly(table: dict[str, str]):
+    """A stand-in for the model that knows `table`'s texts only (a KeyError naming any other)."""
+    return table.__getitem__
 
 
 def png() -> bytes:

@@ -194,7 +194,9 @@ def test_bad_documents_are_refused_in_one_line_and_nothing_is_written(model_path
 def test_translate_format_docx_end_to_end_and_a_bad_file_leaves_nothing(model_path, tmp_path):
     docx = pytest.importorskip("docx")
     source = docx.Document()
-    source.add_paragraph("The cat sat. A dog ran.")
+    p = source.add_paragraph("The ")
+    p.add_run("cat").bold = True  # a span of its own too, translated in the same search as the sentences
+    p.add_run(" sat. A dog ran.")
     source.add_table(rows=1, cols=2).cell(0, 1).text = "The big cat."
     source.save(tmp_path / "in.docx")
     result = mt_translate("-c", model_path, "-i", tmp_path / "in.docx", "-o", tmp_path / "out.docx",
@@ -202,6 +204,8 @@ def test_translate_format_docx_end_to_end_and_a_bad_file_leaves_nothing(model_pa
     assert result.exit_code == 0, result.output
     out = docx.Document(tmp_path / "out.docx")  # Word's own reader opens what mt wrote
     assert len(out.paragraphs) == 1 and [len(row.cells) for row in out.tables[0].rows] == [2]
+    [bold] = [run for run in out.paragraphs[0].runs if run.bold]  # kept on a word, whatever the model wrote
+    assert bold.text.strip() or not any(c.isalnum() for c in out.paragraphs[0].text)
     (tmp_path / "bad.docx").write_bytes(b"PK\x03\x04 not really a zip")
     assert_refused(mt_translate("-c", model_path, "-i", tmp_path / "bad.docx", "-o", tmp_path / "bad.out.docx",
                                 "--format", "docx"), f"{tmp_path / 'bad.docx'}: not a Word document")

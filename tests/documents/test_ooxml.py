@@ -21,7 +21,7 @@ from docx.oxml import parse_xml  # noqa: E402
 from docx.oxml.ns import nsdecls, qn  # noqa: E402
 from pptx.util import Inches  # noqa: E402
 
-from .conftest import assert_only_text_changed, png, translated_file  # noqa: E402
+from .conftest import assert_only_text_changed, by_word, exactly, png, translated_file  # noqa: E402
 
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 URL = "https://example.com/manual"
@@ -113,19 +113,75 @@ def test_a_word_file_is_translated_in_every_place_and_keeps_everything_else():
     assert "TODAY" in texts(document, "t")
 
 
-def test_formatting_inside_a_sentence_goes_with_its_dominant_run_and_a_link_wraps_its_sentence():
+def test_formatting_and_a_link_inside_a_sentence_stay_on_their_words():
     out = docx.Document(io.BytesIO(translated_file("docx", word_file())))
     runs = out.paragraphs[1]._p.xpath(".//w:r")
-    # "The cat sat." goes into "The " (the first of the runs with most letters); "See the manual for more." into
-    # the link; the bold run stays, empty; the space between sentences, and the footnote mark, stay in place.
-    assert [run.text for run in runs] == ["THE CAT SAT.", "", " ", "SEE THE MANUAL FOR MORE.", " BYE."]
-    assert runs[1].xpath("w:rPr/w:b") and out.paragraphs[1].hyperlinks[0].text == "SEE THE MANUAL FOR MORE."
+    # The bold "cat" and the link "the manual", each translated on its own too, found in their sentences'
+    # translations: each run holds its own words; the footnote mark stays in place.
+    assert [run.text for run in runs] == ["THE ", "CAT", " SAT. SEE ", "THE MANUAL", " FOR MORE. BYE."]
+    assert runs[1].xpath("w:rPr/w:b") and out.paragraphs[1].hyperlinks[0].text == "THE MANUAL"
     marked = out.paragraphs[2]._p
     assert [child.tag.rpartition("}")[2] for child in marked.xpath("w:r/*")] == ["t", "footnoteReference", "t"]
     assert [p.text for p in out.paragraphs[3:4]] == ["NAME:\tANN SMITH"]  # each side of a tab on its own
 
 
-def test_a_hyperlink_field_keeps_its_link_around_its_sentence():
+def word_paragraph(*runs: tuple[str, str]) -> bytes:
+    """A Word file of one paragraph of `runs`: (text, "" / "bold" / "italic" / "link")."""
+    d = docx.Document()
+    p = d.add_paragraph()
+    for text, kind in runs:
+        if kind == "link":
+            hyperlink(p, text)
+        else:
+            run = p.add_run(text)
+            run.bold, run.italic = kind == "bold", kind == "italic"
+    data = io.BytesIO()
+    d.save(data)
+    return data.getvalue()
+
+
+def formatted_runs(data: bytes) -> list[tuple[str, str]]:
+    """The runs of the first paragraph, as python-docx reads them: (text, "" / "bold" / "italic" / "link")."""
+    p = docx.Document(io.BytesIO(data)).paragraphs[0]
+    return [(item.text, "link") if isinstance(item, docx.text.hyperlink.Hyperlink) else
+            (item.text, "bold" if item.bold else "italic" if item.italic else "") for item in p.iter_inner_content()]
+
+
+def test_a_bold_word_goes_to_its_translation_wherever_the_translation_puts_it():
+    source = word_paragraph(("Ein ", ""), ("roter", "bold"), (" Ball rollt.", ""))
+    translate = by_word({"Ein": "A", "roter": "red", "Ball": "ball", "rollt": "rolls"})
+    assert formatted_runs(translated_file("docx", source, translate)) == [
+        ("A ", ""), ("red", "bold"), (" ball rolls.", "")]
+    # Another order: the bold words' translation is found at the end, so the end is bold, the runs in their order.
+    source = word_paragraph(("Ich habe ", ""), ("den Hund", "bold"), (" gesehen.", ""))
+    translate = exactly({"Ich habe den Hund gesehen.": "I have seen the dog.", "den Hund": "the dog"})
+    assert formatted_runs(translated_file("docx", source, translate)) == [
+        ("I have seen ", ""), ("the dog", "bold"), (".", "")]
+
+
+def test_a_link_inside_a_sentence_becomes_its_texts_translation_else_wraps_the_whole_sentence():
+    source = word_paragraph(("Lesen Sie ", ""), ("das Handbuch", "link"), (" zuerst.", ""))
+    found = exactly({"Lesen Sie das Handbuch zuerst.": "Read the manual first.", "das Handbuch": "The manual."})
+    assert formatted_runs(translated_file("docx", source, found)) == [
+        ("Read ", ""), ("the manual", "link"), (" first.", "")]
+    lost = exactly({"Lesen Sie das Handbuch zuerst.": "Read the handbook first.", "das Handbuch": "The manual."})
+    out = translated_file("docx", source, lost)
+    assert formatted_runs(out) == [("", ""), ("Read the handbook first.", "link"), ("", "")]
+    assert docx.Document(io.BytesIO(out)).paragraphs[0].hyperlinks[0].address == URL
+
+
+def test_a_span_not_found_keeps_its_formatting_where_it_stood():
+    source = word_paragraph(("Der ", ""), ("alte", "italic"), (" Mann und der ", ""), ("Hund", "bold"),
+                            (" schlafen.", ""))
+    translate = exactly({"Der alte Mann und der Hund schlafen.": "The elderly man and the dog sleep.",
+                 "alte": "old", "Hund": "dog"})
+    # "old" is not in the translation: the italics go to the word standing where "alte" stood (by the letters
+    # before it, the second of the five before "dog"); the bold to "dog", found.
+    assert formatted_runs(translated_file("docx", source, translate)) == [
+        ("The ", ""), ("elderly", "italic"), (" man and the ", ""), ("dog", "bold"), (" sleep.", "")]
+
+
+def test_a_hyperlink_field_keeps_its_link_on_its_words():
     d = docx.Document()
     p = d.add_paragraph("Visit ")
     for xml in ['<w:fldChar w:fldCharType="begin"/>', f'<w:instrText> HYPERLINK "{URL}" </w:instrText>',
@@ -135,19 +191,19 @@ def test_a_hyperlink_field_keeps_its_link_around_its_sentence():
     data = io.BytesIO()
     d.save(data)
     out = docx.Document(io.BytesIO(translated_file("docx", data.getvalue())))
-    # The field's shown text is the link: the translation goes there, though " again today." has more letters.
-    assert [t.text or "" for t in out.paragraphs[0]._p.xpath(".//w:t")] == ["", "VISIT US AGAIN TODAY.", ""]
+    # The field's shown text is the link: its translation goes there, though " again today." has more letters.
+    assert [t.text or "" for t in out.paragraphs[0]._p.xpath(".//w:t")] == ["VISIT ", "US", " AGAIN TODAY."]
+    lost = exactly({"Visit us again today.": "Come back today.", "us": "we"})
+    out = docx.Document(io.BytesIO(translated_file("docx", data.getvalue(), lost)))
+    assert [t.text or "" for t in out.paragraphs[0]._p.xpath(".//w:t")] == ["", "Come back today.", ""]
 
 
 def test_spaces_a_run_gets_at_its_edges_are_kept_for_word():
-    d = docx.Document()
-    p = d.add_paragraph("I like it. Yes")
-    p.add_run(" sirs.").bold = True
-    data = io.BytesIO()
-    d.save(data)
-    out = docx.Document(io.BytesIO(translated_file("docx", data.getvalue())))
-    t = out.paragraphs[0]._p.xpath("w:r/w:t")
-    assert [x.text for x in t] == ["I LIKE IT. ", "YES SIRS."] and t[0].get(qn("xml:space")) == "preserve"
+    source = word_paragraph(("I like it. Yes", ""), (" sir.", "link"))
+    translate = exactly({"I like it.": "Ich mag es.", "Yes sir.": "Jawohl, mein Herr.", "sir.": "Herrschaft."})
+    out = docx.Document(io.BytesIO(translated_file("docx", source, translate)))
+    t = out.paragraphs[0]._p.xpath(".//w:t")  # the link's text not found: the link wraps its whole sentence
+    assert [x.text for x in t] == ["Ich mag es. ", "Jawohl, mein Herr."] and t[0].get(qn("xml:space")) == "preserve"
 
 
 def powerpoint_file() -> bytes:
@@ -206,8 +262,9 @@ def test_a_powerpoint_file_is_translated_slide_by_slide_with_its_notes_and_keeps
     notes = [slide.notes_slide.notes_text_frame.text for slide in after.slides if slide.has_notes_slide]
     assert notes == ["SAY THIS SLOWLY. THEN PAUSE."]
     runs = after.slides[0].shapes[2].text_frame.paragraphs[0].runs
-    assert [r.text for r in runs] == ["", "SEE THE WEBSITE FOR DETAILS.", ""] and runs[1].hyperlink.address == URL
-    assert [r.font.bold for r in after.slides[0].shapes[1].text_frame.paragraphs[1].runs] == [False, True, False]
+    assert [r.text for r in runs] == ["SEE ", "THE WEBSITE", " FOR DETAILS."] and runs[1].hyperlink.address == URL
+    bold = [(r.text, r.font.bold) for r in after.slides[0].shapes[1].text_frame.paragraphs[1].runs]
+    assert bold == [("I LIKE ", False), ("RED", True), (" CARS.", False)]
 
     # A layout's own text box is what every slide of it shows; its placeholders' text is the prompt of an empty
     # one, never shown: not translated. Masters, themes and the other layouts: byte for byte.

@@ -20,7 +20,7 @@ from odf.style import Footer, Header, MasterPage, PageLayout, Style, TextPropert
 from odf.table import Table, TableCell, TableColumn, TableRow  # noqa: E402
 from odf.text import A, H, List, ListItem, Note, NoteBody, NoteCitation, P, PageNumber, S, Span  # noqa: E402
 
-from .conftest import assert_only_text_changed, png, translated_file  # noqa: E402
+from .conftest import assert_only_text_changed, exactly, png, translated_file  # noqa: E402
 
 
 def saved(doc) -> bytes:
@@ -47,9 +47,6 @@ def text_file() -> bytes:
     a list, a table with a table in a cell, a text box, an image, a comment, a header and a footer with a page
     number."""
     doc = OpenDocumentText()
-    bold = Style(name="Bold", family="text")
-    bold.addElement(TextProperties(fontweight="bold"))
-    doc.automaticstyles.addElement(bold)
     layout = PageLayout(name="pm1")
     doc.automaticstyles.addElement(layout)
     master = MasterPage(name="Standard", pagelayoutname=layout)
@@ -62,12 +59,7 @@ def text_file() -> bytes:
     master.addElement(footer)
 
     doc.text.addElement(H(outlinelevel=1, text="A short report"))
-    p = P(text="I like ")
-    p.addElement(Span(stylename=bold, text="red"))
-    p.addText(" cars. See ")
-    p.addElement(A(href="https://example.com", text="the site"))
-    p.addText(" now.")
-    doc.text.addElement(p)
+    doc.text.addElement(bold_and_link(doc, "I like ", "red", " cars. See ", "the site", " now."))
     p = P(text="This is true.")
     note, body = Note(id="ftn1", noteclass="footnote"), NoteBody()
     note.addElement(NoteCitation(text="1"))
@@ -103,6 +95,19 @@ def text_file() -> bytes:
     return saved(doc)
 
 
+def bold_and_link(doc, before: str, bold: str, between: str, link: str, after: str) -> P:
+    """A paragraph of `doc`: `before`, `bold` in bold (a style "Bold"), `between`, `link` linked, `after`."""
+    style = Style(name="Bold", family="text")
+    style.addElement(TextProperties(fontweight="bold"))
+    doc.automaticstyles.addElement(style)
+    p = P(text=before)
+    p.addElement(Span(stylename=style, text=bold))
+    p.addText(between)
+    p.addElement(A(href="https://example.com", text=link))
+    p.addText(after)
+    return p
+
+
 def paragraphs(data: bytes) -> list[str]:
     """The text of each paragraph and heading, as odfpy reads it (a note's or a box's inside its paragraph's)."""
     doc = load(io.BytesIO(data))
@@ -126,15 +131,30 @@ def test_a_text_document_is_translated_in_every_place_and_keeps_everything_else(
     assert assert_only_text_changed(source, out) == {"content.xml", "styles.xml"}  # mimetype, image: as they were
 
 
-def test_spans_and_links_inside_a_sentence_are_kept():
+def test_spans_and_links_inside_a_sentence_stay_on_their_words():
     doc = load(io.BytesIO(translated_file("odt", text_file())))
     p = doc.getElementsByType(P)[0]
     span, link = doc.getElementsByType(Span)[0], doc.getElementsByType(A)[0]
-    # "I like red cars." goes into the paragraph's own text (most letters), the bold span stays, empty; "See the
-    # site now." into the link, which wraps it; the space between the sentences stays.
-    assert (teletype.extractText(span), teletype.extractText(link)) == ("", "SEE THE SITE NOW.")
-    assert str(p.childNodes[0]) == "I LIKE RED CARS." and str(p.childNodes[2]) == " "
+    # The bold "red" and the link "the site" were translated on their own too, and found in their sentences'
+    # translations: each keeps its words; the rest is in the paragraph's own text, in order.
+    assert (teletype.extractText(span), teletype.extractText(link)) == ("RED", "THE SITE")
+    assert [str(node) for node in p.childNodes] == ["I LIKE ", "RED", " CARS. SEE ", "THE SITE", " NOW."]
     assert len(doc.getElementsByType(S)) == 2  # the spaces odfpy wrote as <text:s/>
+
+
+def test_a_span_goes_to_its_translation_in_another_order_and_a_lost_link_wraps_its_sentence():
+    doc = OpenDocumentText()
+    p = bold_and_link(doc, "Ich habe ", "den Hund", " gesehen. Lies bitte ", "das Handbuch", " zuerst.")
+    doc.text.addElement(p)
+    translate = exactly({"Ich habe den Hund gesehen.": "I have seen the dog.", "den Hund": "the dog",
+                         "Lies bitte das Handbuch zuerst.": "Please read the handbook first.",
+                         "das Handbuch": "the manual"})
+    out = load(io.BytesIO(translated_file("odt", saved(doc), translate)))
+    assert [str(node) for node in out.getElementsByType(P)[0].childNodes] == [
+        "I have seen ", "the dog", ". ", "Please read the handbook first."]  # the link's tail: empty
+    span, link = out.getElementsByType(Span)[0], out.getElementsByType(A)[0]
+    assert (span.getAttribute("stylename"), teletype.extractText(span)) == ("Bold", "the dog")
+    assert teletype.extractText(link) == "Please read the handbook first."
 
 
 def frame(parent, text: str, kind: str = "", placeholder: bool = False) -> None:
