@@ -205,7 +205,7 @@ def read_tensors(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-MAX_ENTRIES, MAX_DEPTH = 1_000_000, 16  # a checkpoint holds thousands of entries (weights, optimizer state) in 5 levels
+MAX_ENTRIES, MAX_DEPTH = 100_000, 16  # a checkpoint holds thousands of entries (weights, optimizer state) in 5 levels
 
 
 def check(state: dict[str, Any], path: str | Path) -> None:
@@ -253,12 +253,16 @@ def check_model(state: dict[str, Any], where: str) -> None:
         raise MtError(f"{where}: config: {e}") from None
     if not isinstance(state["spm"], dict):
         raise MtError(f"{where}: spm: not a mapping of the SentencePiece models (src, tgt)")
+    pieces: dict[str, int] = {}
     for side in ("src", "tgt"):
-        pieces = read_sentencepiece(state["spm"].get(side), f"{where}: spm.{side}").get_piece_size()
+        if side == "tgt" and state["spm"].get("tgt") == state["spm"].get("src"):
+            pieces["tgt"] = pieces["src"]  # one joint model, read once
+        else:
+            pieces[side] = read_sentencepiece(state["spm"].get(side), f"{where}: spm.{side}").get_piece_size()
         size = getattr(cfg.model, f"{side}_vocab_size")
-        if pieces != size:
-            raise MtError(f"{where}: spm.{side} has {pieces:,} pieces, but model.{side}_vocab_size={size:,}; the file "
-                          f"is damaged, or its config is not its SentencePiece model's")
+        if pieces[side] != size:
+            raise MtError(f"{where}: spm.{side} has {pieces[side]:,} pieces, but model.{side}_vocab_size={size:,}; the "
+                          f"file is damaged, or its config is not its SentencePiece model's")
     members = state.get("members")
     if "members" in state and (not isinstance(members, list) or not members):
         raise MtError(f"{where}: members: not a list of state dicts")

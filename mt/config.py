@@ -8,6 +8,7 @@ allowed. The resolved config is stored in every checkpoint and rebuilds the mode
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import reprlib
 import sys
@@ -251,7 +252,7 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         if section_name not in sections or not name:
             raise MtError(f"unknown config section in {key!r}; sections are: {', '.join(sections)}")
         target = getattr(cfg, section_name)
-    hints = typing.get_type_hints(type(target))
+    hints = type_hints(type(target))
     if not section_name and dataclasses.is_dataclass(getattr(target, name, None)):
         raise MtError(f"{key}={shown(value)}: a section, expected a mapping of its keys")
     scalar_keys = [f.name for f in dataclasses.fields(target) if not dataclasses.is_dataclass(getattr(target, f.name))]
@@ -259,6 +260,13 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         where = f"section {section_name!r}" if section_name else "the top level"
         raise MtError(f"unknown config key {key!r}; valid keys in {where}: {', '.join(scalar_keys)}")
     setattr(target, name, _coerce(key, value, hints[name]))
+
+
+@functools.cache
+def type_hints(section: type) -> dict[str, Any]:
+    """A section's field types, worked out once: `typing.get_type_hints` takes milliseconds, and every key of every
+    config read (each checkpoint's, on every load) asks for them."""
+    return typing.get_type_hints(section)
 
 
 def validate(cfg: Config) -> None:

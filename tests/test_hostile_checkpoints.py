@@ -66,6 +66,8 @@ HOSTILE = {
     "an FFN of 10^9": (model_of(d_ff=10**9), "model.d_ff=1000000000"),
     "a vocabulary of 2^33": (model_of(src_vocab_size=2**33, tgt_vocab_size=2**33),
                              "spm.src has {vocab} pieces, but model.src_vocab_size=8,589,934,592"),
+    "a target vocabulary the joint model lacks": (model_of(tgt_vocab_size=50),
+                                                  "spm.tgt has {vocab} pieces, but model.tgt_vocab_size=50"),
     "10^6 layers": (model_of(n_enc_layers=10**6), "model.n_enc_layers=1000000, but the weights lack encoder.2"),
     "a layer fewer": (model_of(n_dec_layers=1), "model.n_dec_layers=1, but the weights hold decoder layers 0-1"),
     "a position table larger than the weights": (model_of(max_len=60_000), "model.max_len=60000 makes a position "
@@ -94,7 +96,7 @@ HOSTILE = {
     "a list referenced 2^40 times": (lambda s: s.update(metrics={"x": unfolding(40, 2)}),
                                      "nests deeper than 16 levels"),
     "a list referenced 100^10 times": (lambda s: s.update(metrics={"x": unfolding(10, 100)}),
-                                       "holds more than 1,000,000 entries"),
+                                       "holds more than 100,000 entries"),
     "an ensemble member of another shape": (lambda s: s.update(members=[s.pop("model"), {"w": torch.zeros(2)}],
                                                                metrics={"ensemble": [{"path": "a.pt", "step": 1}] * 2}),
                                             "members[1]: model.n_enc_layers=2, but the weights lack encoder.0"),
