@@ -8,6 +8,9 @@ allowed. The resolved config is stored in every checkpoint and rebuilds the mode
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import reprlib
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -31,7 +34,7 @@ class ModelConfig:
     dropout: float = 0.1  # on embeddings and every residual branch
     attn_dropout: float = 0.0  # on attention probabilities
     act_dropout: float = 0.0  # inside the FFN, after the activation
-    max_len: int = 256  # longest sequence (in pieces, with BOS/EOS) the model is built for
+    max_len: int = 256  # longest sequence (in pieces, with BOS/EOS) the model is built for; at most MAX_LEN
     src_vocab_size: int = 0  # 0: taken from the prepared data
     tgt_vocab_size: int = 0
     share_embeddings: bool = True  # one table for source, target and output; needs a joint vocabulary
@@ -41,6 +44,10 @@ class ModelConfig:
     # Generate the target last piece first (outputs are turned back before detokenizing): a second view of the
     # pair, to rerank a left-to-right model's n-best (benchmarks/rerank_valid.py)
     right_to_left: bool = False
+
+
+MAX_LEN = 1 << 16  # positions: a sequence longer than this is no sentence, and its position table alone is gigabytes
+MAX_BEAM = 1024  # a wider beam searches no better, and its cache grows with it: a stored default may not ask for more
 
 
 @dataclass
@@ -157,7 +164,7 @@ def refuse_retired(flat: dict[str, Any], where: str) -> None:
     Off, the key is harmless and left out."""
     for key, value in flat.items():
         if key in RETIRED and value:
-            raise MtError(f"{where}: {key}={value}: {RETIRED[key]}; delete the key")
+            raise MtError(f"{where}: {key}={shown(value)}: {RETIRED[key]}; delete the key")
 
 
 _noted: set[str] = set()  # the settings `note_retired` has named: a run's files, read several times, say it once
@@ -167,7 +174,7 @@ def note_retired(raw: dict[str, Any], source: str | Path) -> None:
     """One line on stderr, once, for each retired key that `raw`, a stored config read from `source`, had turned
     on: a checkpoint or run from an earlier version still loads, and says what it no longer does."""
     for key, value in flatten(raw).items():
-        setting = f"{key}={value}"
+        setting = f"{key}={shown(value)}"
         if key in RETIRED and value and setting not in _noted:
             _noted.add(setting)
             print(f"note: {setting} in {source} is no longer a setting of mt ({RETIRED[key]}); ignored",
@@ -245,12 +252,21 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         if section_name not in sections or not name:
             raise MtError(f"unknown config section in {key!r}; sections are: {', '.join(sections)}")
         target = getattr(cfg, section_name)
-    hints = typing.get_type_hints(type(target))
+    hints = type_hints(type(target))
+    if not section_name and dataclasses.is_dataclass(getattr(target, name, None)):
+        raise MtError(f"{key}={shown(value)}: a section, expected a mapping of its keys")
     scalar_keys = [f.name for f in dataclasses.fields(target) if not dataclasses.is_dataclass(getattr(target, f.name))]
     if name not in scalar_keys:
         where = f"section {section_name!r}" if section_name else "the top level"
         raise MtError(f"unknown config key {key!r}; valid keys in {where}: {', '.join(scalar_keys)}")
     setattr(target, name, _coerce(key, value, hints[name]))
+
+
+@functools.cache
+def type_hints(section: type) -> dict[str, Any]:
+    """A section's field types, worked out once: `typing.get_type_hints` takes milliseconds, and every key of every
+    config read (each checkpoint's, on every load) asks for them."""
+    return typing.get_type_hints(section)
 
 
 def validate(cfg: Config) -> None:
@@ -261,6 +277,11 @@ def validate(cfg: Config) -> None:
     for key in positive:
         if flat[key] <= 0:
             raise MtError(f"{key}={flat[key]}: must be positive")
+    for key in ("decode.beam", "train.valid_beam"):
+        if flat[key] > MAX_BEAM:
+            raise MtError(f"{key}={flat[key]}: at most {MAX_BEAM:,}")
+    if cfg.model.max_len > MAX_LEN:
+        raise MtError(f"model.max_len={cfg.model.max_len}: at most {MAX_LEN:,} positions")
     if cfg.model.d_model % cfg.model.n_heads:
         raise MtError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     fractions = ("model.dropout", "model.attn_dropout", "model.act_dropout", "train.label_smoothing",
@@ -303,26 +324,40 @@ def flatten(raw: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _coerce(key: str, value: Any, kind: Any) -> Any:
     choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else None
     if choices is not None:
-        if value not in choices:
-            raise MtError(f"{key}={value!r}: must be one of {', '.join(map(str, choices))}")
-        return value
+        if isinstance(value, str) and value in choices:
+            return value
+        raise MtError(f"{key}={shown(value)}: must be one of {', '.join(map(str, choices))}")
     if kind is bool:
         if isinstance(value, bool):
             return value
     elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63:  # any size a machine has
+            return value
+        raise MtError(f"{key}={shown(value)}: expected int (of at most 64 bits)")
     elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
         if isinstance(value, str):  # YAML reads 1e-3 (no dot) as a string
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63:
+            value = float(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):  # no setting means anything at infinity, and NaN compares to nothing
+                raise MtError(f"{key}={value!r}: expected a finite number")
+            return value
     elif kind is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        if isinstance(value, str) or isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and abs(value) < 1 << 63:
             return str(value)
-    raise MtError(f"{key}={value!r}: expected {kind.__name__}")
+    raise MtError(f"{key}={shown(value)}: expected {kind.__name__}")
+
+
+def shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, cut short (with "...") where it runs long."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:  # an integer of more digits than Python prints
+        return "an integer too long to print"

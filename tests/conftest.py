@@ -202,6 +202,20 @@ def assert_refused(result, *phrases: str) -> None:
         assert phrase in lines[0], lines[0]
 
 
+def record_builds(monkeypatch, module) -> list[ModelConfig]:
+    """The configs of the Transformers that `module` builds from now on (its `Transformer` replaced by a spy), to
+    show that a refused input built none."""
+    built = []
+
+    class Recorded(Transformer):
+        def __init__(self, cfg: ModelConfig):
+            built.append(cfg)
+            super().__init__(cfg)
+
+    monkeypatch.setattr(module, "Transformer", Recorded)
+    return built
+
+
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
     """`train` sets torch's thread count for the whole process; give the other tests theirs back."""

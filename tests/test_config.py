@@ -69,16 +69,22 @@ def test_a_stored_config_with_a_retired_key_still_loads_but_a_file_or_set_cannot
         load_config(None, [f"{key}={on}"])
 
 
-def run_with_checkpoint(tmp_path, cfg) -> Path:
+def run_with_checkpoint(tmp_path, cfg, tokenizer) -> Path:
+    """A run whose last.pt holds a model of `cfg` (its vocabulary `tokenizer`'s), as every checkpoint must."""
     from mt import checkpoint
+    from mt.model.transformer import Transformer
 
     run = tmp_path / "run"
-    checkpoint.save_last({"model": {}, "config": to_dict(cfg), "spm": {}, "step": 1, "train": {}}, run, keep=0)
+    cfg.model.src_vocab_size = cfg.model.tgt_vocab_size = tokenizer.vocab_size
+    spm = {"src": tokenizer.model_proto, "tgt": tokenizer.model_proto}
+    checkpoint.save_last({"model": Transformer(cfg.model).state_dict(), "config": to_dict(cfg), "spm": spm, "step": 1,
+                          "train": {}}, run, keep=0)
     return run
 
 
-def test_a_resumed_run_keeps_its_config_and_model_and_takes_the_same_overrides(tmp_path):
-    run = run_with_checkpoint(tmp_path, load_config(None, ["model.d_model=128", "model.n_heads=4", "train.lr=1"]))
+def test_a_resumed_run_keeps_its_config_and_model_and_takes_the_same_overrides(tmp_path, tokenizer):
+    run = run_with_checkpoint(tmp_path, load_config(None, ["model.d_model=128", "model.n_heads=4", "train.lr=1",
+                                                           "model.n_enc_layers=1", "model.n_dec_layers=1"]), tokenizer)
     cfg = resume_config(run, ["train.max_steps=7", "decode.beam=2"])
     assert (cfg.model.d_model, cfg.train.lr, cfg.train.max_steps, cfg.decode.beam) == (128, 1.0, 7, 2)
     with pytest.raises(MtError, match="the model of a resumed run cannot change"):

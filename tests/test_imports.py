@@ -7,7 +7,8 @@ from pathlib import Path
 
 MT = Path(__file__).resolve().parents[1] / "mt"
 # Top-level rooms every package may use: they import none of the packages themselves.
-FOUNDATION = {"mt.config", "mt.errors", "mt.device", "mt.checkpoint", "mt.runlock", "mt.options", "mt.memory"}
+FOUNDATION = {"mt.config", "mt.errors", "mt.device", "mt.checkpoint", "mt.runlock", "mt.options", "mt.memory",
+              "mt.shapes", "mt.vocab"}
 # What each package may import besides itself and the foundation.
 MAY_IMPORT = {
     "data": set(),

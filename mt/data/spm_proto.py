@@ -30,11 +30,14 @@ class Piece:
 
 
 def read_pieces(proto: bytes) -> list[Piece]:
-    """The pieces of a serialized SentencePiece model, in id order."""
+    """The pieces of a serialized SentencePiece model, in id order; ValueError for bytes that are not one."""
     pieces = []
     for number, _, value in fields(proto):
         if number == PIECES:
             piece = {n: v for n, _, v in fields(value)}
+            if TEXT not in piece or len(piece.get(SCORE, bytes(4))) != 4:
+                raise ValueError(f"not a SentencePiece model: piece {len(pieces)} has no text or a score that is "
+                                 f"not a float")
             pieces.append(Piece(piece[TEXT].decode("utf-8"), struct.unpack("<f", piece.get(SCORE, bytes(4)))[0],
                                 read_varint(piece[TYPE], 0)[0] if TYPE in piece else NORMAL))
     return pieces
@@ -90,6 +93,8 @@ def read_varint(data: bytes, i: int) -> tuple[int, int]:
     """The varint at data[i:] and the index after it."""
     value = shift = 0
     while True:
+        if i >= len(data):
+            raise ValueError("not a SentencePiece model: a number is cut short")
         byte = data[i]
         value |= (byte & 0x7F) << shift
         i, shift = i + 1, shift + 7

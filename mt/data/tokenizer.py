@@ -1,7 +1,7 @@
 """SentencePiece subword models: train, load, encode, decode.
 
-Every model `mt` trains reserves the same four ids, so data on disk, the Transformer and search agree on them
-without asking the tokenizer.
+Every model `mt` trains reserves the same four ids (mt/vocab.py), so data on disk, the Transformer and search agree
+on them without asking the tokenizer.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from mt.errors import MtError
+from mt.vocab import BOS, EOS, PAD, UNK, read_sentencepiece
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
 FEW = 256  # below this many lines, a call per line: each list call of SentencePiece starts a thread pool
 
 
@@ -25,19 +25,14 @@ def tag(lang: str) -> str:
 class Tokenizer:
     """A loaded SentencePiece model. Holds the serialized model so a checkpoint can carry it."""
 
-    def __init__(self, model_proto: bytes):
+    def __init__(self, model_proto: bytes, source: str = "SentencePiece model"):
+        """`source` names where the bytes come from ("best.pt: spm.src") in the error that refuses them."""
         self.model_proto = model_proto
-        self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
-        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
-        if ids != (PAD, UNK, BOS, EOS):
-            raise MtError(
-                f"SentencePiece model has special ids (pad, unk, bos, eos) = {ids}; mt needs {(PAD, UNK, BOS, EOS)}. "
-                "Train it with `mt prepare`."
-            )
+        self.sp = read_sentencepiece(model_proto, source)
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        return cls(Path(path).read_bytes())
+        return cls(Path(path).read_bytes(), str(path))
 
     @property
     def vocab_size(self) -> int:

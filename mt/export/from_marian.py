@@ -12,7 +12,9 @@ The reverse of mt/export/huggingface.py; the model's differences of layout are m
   that vocab.json lacks (Marian reads it as <unk>). Such an id reads as <unk> and is never written: its output
   bias is ABSENT;
 - the output layer's bias (final_logits_bias): model.output_bias, set when it is not all zeros or an id is absent.
-What mt's model cannot compute is refused in one line that names the setting, and nothing is written.
+What mt's model cannot compute is refused in one line that names the setting, and nothing is written. So is a
+directory whose files disagree, before anything is read whole, allocated or built (mt/export/marian_files.py); what
+a setting of generation_config.json does that mt's decoding does not is named in the summary.
 """
 
 from __future__ import annotations
@@ -26,13 +28,27 @@ import torch
 from torch import Tensor
 
 from mt import checkpoint
-from mt.config import Config, ModelConfig, to_dict
+from mt.config import Config, ModelConfig, shown, to_dict, validate
 from mt.data.lines import check_not_input, check_output
 from mt.data.spm_proto import BYTE, CONTROL, NORMAL, UNUSED, USER_DEFINED, Piece, read_pieces, with_pieces
 from mt.data.tokenizer import Tokenizer
 from mt.errors import MtError
 from mt.export.huggingface import layer_names, permutation
+from mt.export.marian_files import (
+    beam_of,
+    check_shapes,
+    check_values,
+    input_files,
+    not_carried,
+    read_json,
+    read_spm,
+    read_vocab,
+    read_weights,
+    text_value,
+    weight_headers,
+)
 from mt.model.transformer import Transformer, sinusoids
+from mt.shapes import check_weights
 
 # The output bias of an id Marian's model lacks: e^-1000 is 0 in float32, so it takes none of the probability.
 ABSENT = -1000.0
@@ -61,8 +77,12 @@ def import_marian(directory: str | Path, out: str | Path, src: str | None = None
                       f"checkpoint elsewhere")
     check_output(out, "--out", create_parent=True)
     config = DEFAULTS | read_json(files["config"])
+    check_values(config, files["config"])
     tokenizer = read_json(files["tokenizer"]) if "tokenizer" in files else {}
+    langs = {"src": src or text_value(tokenizer, "source_lang", files), "tgt": tgt or text_value(
+        tokenizer, "target_lang", files)}
     model = model_config(config)
+    check_shapes(weight_headers(files["weights"]), config, model, files["weights"])  # before anything is read
     sides = vocabularies(files, config, tokenizer)
     model.src_vocab_size, model.tgt_vocab_size = len(sides["src"].rows), len(sides["tgt"].rows)
     model.share_embeddings = config["share_encoder_decoder_embeddings"] and sides["src"].rows == sides["tgt"].rows
@@ -71,48 +91,23 @@ def import_marian(directory: str | Path, out: str | Path, src: str | None = None
     model.output_bias = "output.bias" in weights
     cfg = Config(model=model)
     generation = read_json(files["generation"]) if "generation" in files else config  # older: in config.json
-    cfg.decode.beam = int(generation.get("num_beams") or cfg.decode.beam)
+    cfg.decode.beam = beam_of(generation, files.get("generation", files["config"]))
+    validate(cfg)
+    check_weights(weights, model, f"{directory}: the weights as mt's")  # the mapping's own result, checked as loaded
     transformer = Transformer(model)
     transformer.load_state_dict(weights)  # every weight of mt's model, each in its shape
-    langs = {"src": src or tokenizer.get("source_lang"), "tgt": tgt or tokenizer.get("target_lang")}
     state = {"model": transformer.state_dict(), "config": to_dict(cfg),
              "spm": {side: sides[side].spm for side in ("src", "tgt")}, "langs": langs if all(langs.values()) else None,
              "step": 0, "metrics": {}, "imported": {"from": str(directory), "marian_ids": {
-                 side: sides[side].marian_ids() for side in ("src", "tgt")}}}
+                 side: sides[side].marian_ids() for side in ("src", "tgt")},
+                 "not_carried": not_carried(generation, config)}}
     checkpoint.save(state, out)  # to a temporary name, renamed into place
     return state
 
 
-def input_files(directory: Path) -> dict[str, Path]:
-    """The files of a MarianMTModel directory that the import reads, by role; an error names the first missing."""
-    if not directory.is_dir():
-        raise MtError(f"{directory}: not a directory; give a Hugging Face MarianMTModel directory (config.json, "
-                      f"model.safetensors, source.spm, target.spm, vocab.json)")
-    files = {"config": "config.json", "source_spm": "source.spm", "target_spm": "target.spm", "vocab": "vocab.json"}
-    found = {role: directory / name for role, name in files.items()}
-    missing = [name for role, name in files.items() if not found[role].is_file()]
-    weights = [directory / name for name in ("model.safetensors", "pytorch_model.bin") if (directory / name).is_file()]
-    if not weights:
-        missing.append("model.safetensors (or pytorch_model.bin)")
-    if missing:
-        raise MtError(f"{directory}: no {', '.join(missing)}; a MarianMTModel directory has them (download the "
-                      f"whole model)")
-    found["weights"] = weights[0]
-    for role, name in (("target_vocab", "target_vocab.json"), ("tokenizer", "tokenizer_config.json"),
-                       ("generation", "generation_config.json")):
-        if (directory / name).is_file():
-            found[role] = directory / name
-    return found
-
-
-def read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MtError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise MtError(f"{path}: expected a JSON object")
-    return value
+def as_json(value: object) -> str:
+    """A config.json value as JSON writes it (true, null), or cut short (with "...") where it runs long."""
+    return json.dumps(value) if isinstance(value, (bool, type(None))) else shown(value)
 
 
 def model_config(config: dict) -> ModelConfig:
@@ -121,9 +116,9 @@ def model_config(config: dict) -> ModelConfig:
         raise MtError(f"config.json: model_type {config.get('model_type')!r}: not a Marian model")
     for key, value in IGNORED.items():
         if config.get(key, value) != value:
-            raise MtError(f"config.json: {key} {json.dumps(config[key])}: transformers' MarianMTModel ignores it and "
-                          f"mt's model has no such part; mt computes the model only as {key} {json.dumps(value)}")
-    activation = config["activation_function"]
+            raise MtError(f"config.json: {key} {as_json(config[key])}: transformers' MarianMTModel ignores it and "
+                          f"mt's model has no such part; mt computes the model only as {key} {as_json(value)}")
+    activation = config["activation_function"]  # a string (check_values)
     if activation not in ACTIVATIONS:
         raise MtError(f"config.json: activation_function {activation!r}: mt's model has relu, gelu and swish")
     for part in ("attention_heads", "ffn_dim"):
@@ -168,6 +163,9 @@ def vocabularies(files: dict[str, Path], config: dict, tokenizer: dict) -> dict[
         raise MtError(f"vocab.json: {', '.join(tags[:3])}{' ...' if len(tags) > 3 else ''}: a multi-target model, "
                       f"which reads the tag of the language wanted before each sentence; mt cannot put it there yet")
     if not tokenizer.get("separate_vocabs"):
+        if config["decoder_vocab_size"] not in (None, config["vocab_size"]):
+            raise MtError(f"config.json: decoder_vocab_size {config['decoder_vocab_size']} is not vocab_size "
+                          f"{config['vocab_size']}, but the directory has one vocabulary (vocab.json) for both")
         ids = target_ids(vocab, config, tokens, "vocab.json")
         order = id_order(vocab, ids, [protos["src"], protos["tgt"]])
         return {side: side_of(protos[side], order, f"{name}.spm")
@@ -184,29 +182,11 @@ def vocabularies(files: dict[str, Path], config: dict, tokenizer: dict) -> dict[
 def special_token(tokenizer: dict, role: str, default: str) -> str:
     """tokenizer_config.json's text of a special token (a string, or an AddedToken's {"content": ...})."""
     value = tokenizer.get(f"{role}_token", default)
-    return value.get("content", default) if isinstance(value, dict) else str(value)
-
-
-def read_spm(path: Path) -> bytes:
-    proto = path.read_bytes()
-    try:
-        spm.SentencePieceProcessor(model_proto=proto)
-    except RuntimeError as e:
-        raise MtError(f"{path}: not a SentencePiece model ({e})") from None
-    return proto
-
-
-def read_vocab(path: Path, size: int, tokens: dict[str, str]) -> dict[str, int]:
-    """vocab.json (piece → Marian id): it must number the model's rows 0 to size - 1, one piece each, and hold the
-    special tokens."""
-    vocab = read_json(path)
-    if sorted(vocab.values()) != list(range(size)):
-        raise MtError(f"{path}: {len(vocab):,} pieces for a table of {size:,} rows; a Marian vocabulary numbers every "
-                      f"row once, from 0")
-    for role, token in tokens.items():
-        if token not in vocab:
-            raise MtError(f"{path}: no {token} ({role}_token)")
-    return vocab
+    text = value.get("content", default) if isinstance(value, dict) else value
+    if not isinstance(text, str):
+        raise MtError(f"tokenizer_config.json: {role}_token {shown(value)}: expected the token's text, or "
+                      f'{{"content": TEXT}}')
+    return text
 
 
 @dataclass
@@ -224,6 +204,9 @@ def target_ids(vocab: dict[str, int], config: dict, tokens: dict[str, str], name
     """The decoder's special ids, as config.json names them (OPUS-MT: pad and start one token)."""
     ids = MarianIds(config["pad_token_id"], vocab[tokens["unk"]], config["decoder_start_token_id"],
                     config["eos_token_id"])
+    for key in ("pad_token_id", "decoder_start_token_id"):
+        if config[key] >= len(vocab):
+            raise MtError(f"config.json: {key} {config[key]}: not an id of {name} (0 to {len(vocab) - 1:,})")
     if ids.eos != vocab[tokens["eos"]]:
         raise MtError(f"config.json: eos_token_id {ids.eos} is not {name}'s {tokens['eos']} "
                       f"({vocab[tokens['eos']]}); mt ends source and output on one token")
@@ -306,22 +289,6 @@ def other_piece(text: str, known: set[str], unknown_pieces: bool, lowest: float)
     return Piece(text, lowest, UNUSED)
 
 
-def read_weights(path: Path) -> dict[str, Tensor]:
-    """The state dict of model.safetensors or pytorch_model.bin, in float32 (OPUS-MT's are stored in float16)."""
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            weights = load_file(str(path))
-        else:
-            weights = torch.load(path, map_location="cpu", weights_only=True)
-    except ImportError:
-        raise MtError(f"{path}: reading it needs the safetensors package: pip install 'mt[export]'") from None
-    except Exception as e:  # truncated, corrupt, or not a state dict
-        raise MtError(f"{path}: not readable weights ({e})") from None
-    return {name: tensor.float() for name, tensor in weights.items()}
-
-
 def mt_weights(w: dict[str, Tensor], config: dict, m: ModelConfig, sides: dict[str, Side]) -> dict[str, Tensor]:
     """Marian's state dict as mt's: the model dimension permuted back, the tables' rows in mt's ids. Every weight
     is used once; one mt's model has no place for is refused."""
@@ -334,12 +301,15 @@ def mt_weights(w: dict[str, Tensor], config: dict, m: ModelConfig, sides: dict[s
     if encoder_table is None or decoder_table is None or output is None:
         raise MtError("the weights hold no embedding table or output layer (model.shared.weight, "
                       "model.*.embed_tokens.weight, lm_head.weight): not a MarianMTModel's")
+    if output is not lm_head and lm_head is not None and not torch.equal(lm_head, decoder_table):
+        raise MtError("lm_head.weight is not the decoder's table, but config.json's tie_word_embeddings makes it "
+                      "that table: one of the two would be dropped; set tie_word_embeddings false, or store one")
     # The embeddings are scaled by sqrt(d_model) in mt; an unscaled Marian model's untied tables are scaled down.
     scale = 1.0 if config["scale_embedding"] else m.d_model ** -0.5
     src, tgt = sides["src"], sides["tgt"]
     out = {"src_embed.weight": encoder_table[src.rows][:, q] * scale,
            "tgt_embed.weight": decoder_table[tgt.rows][:, q] * scale, "output.weight": output[tgt.rows][:, q]}
-    bias = w.pop("final_logits_bias", torch.zeros(1, len(output)))[0][tgt.rows]
+    bias = w.pop("final_logits_bias", torch.zeros(1, len(output)))[0][tgt.rows]  # (1, rows): check_shapes
     bias[tgt.absent] = ABSENT
     if bias.any():  # else mt's model without one (`model.output_bias`), as an exported mt model comes back
         out["output.bias"] = bias
@@ -373,13 +343,17 @@ def check_positions(table: Tensor | None, m: ModelConfig, part: str) -> None:
 
 
 def summary(state: dict, out: Path) -> str:
-    """One line: what was written, and the pieces Marian had no id for."""
+    """One line: what was written, the pieces Marian had no id for, and what of generation_config.json mt does
+    not do."""
     m = state["config"]["model"]
     langs = state["langs"] or {"src": "?", "tgt": "?"}
     ids = state["imported"]["marian_ids"]
     sides = [ids["src"]] if ids["src"] == ids["tgt"] else [ids["src"], ids["tgt"]]  # one vocabulary, or two
     absent = sum(side[4:].count(-1) for side in sides)
     lacking = f"; {absent} pieces the vocabulary lacks read as <unk> and are never written" if absent else ""
+    dropped = state["imported"].get("not_carried")
+    unlike = (f"; generation_config.json's {', '.join(dropped)}: not carried over (mt's decode settings apply; "
+              f"`mt tune` chooses them)") if dropped else ""
     return (f"wrote {out}: {langs['src']}→{langs['tgt']}, {m['n_enc_layers']}+{m['n_dec_layers']} layers, d_model "
             f"{m['d_model']}, {m['activation']}, {m['src_vocab_size']:,} source and {m['tgt_vocab_size']:,} target "
-            f"ids{lacking}")
+            f"ids{lacking}{unlike}")

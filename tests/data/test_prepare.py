@@ -365,14 +365,15 @@ def test_data_for_fine_tuning_is_encoded_with_the_vocabulary_of_a_model_and_says
     from mt import checkpoint
     from mt.data.tokenizer import Tokenizer
 
-    from ..conftest import write_corpus
+    from ..conftest import tiny_model, write_corpus
+    from ..test_checkpoint import state_for
 
     first, other = write_corpus(tmp_path / "first", seed=0), write_corpus(tmp_path / "other", seed=1)
     base = prepare(tmp_path / "base", "de", "en", train=str(first / "train"), valid=str(first / "valid"),
                    vocab_size=40, progress=False)
     proto = (tmp_path / "base" / "spm.model").read_bytes()
     model = tmp_path / "model.pt"
-    checkpoint.save({"model": {}, "config": {}, "spm": {"src": proto, "tgt": proto}, "step": 0}, model)
+    checkpoint.save(state_for(tiny_model(vocab=base["vocab_size"]), Tokenizer(proto)), model)
     for name, source in (("from_checkpoint", model), ("from_spm", tmp_path / "base" / "spm.model")):
         meta = prepare(tmp_path / name, "de", "en", train=str(other / "train"), valid=str(other / "valid"),
                        vocab_size=8000, tokenizer=source, progress=False)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from mt import checkpoint
 from mt.cli import app
+from mt.config import from_dict, to_dict
 from mt.data.tokenizer import BOS, EOS
 from mt.decode.ensemble import combine
 from mt.decode.forced import score_pairs
@@ -16,8 +17,10 @@ from mt.decode.load import from_state, load_model
 from mt.decode.search import SearchOptions
 from mt.decode.translate import translate_lines
 from mt.errors import MtError
+from mt.model.transformer import Transformer
 
-from ..conftest import assert_refused
+from ..conftest import assert_refused, tiny_model
+from ..test_checkpoint import state_for
 
 SOURCES = ["der hund sitzt unter dem baum", "die katze", "", "rot blau groß klein läuft auf das"]
 
@@ -29,7 +32,8 @@ def members(tmp_path_factory, trained_tiny):
     a = trained_tiny(200)
     state = checkpoint.load(a)
     noise = torch.Generator().manual_seed(0)
-    moved = {name: value + 0.05 * torch.randn(value.shape, generator=noise) if value.is_floating_point() else value
+    tables: dict[int, torch.Tensor] = {}  # tied tables (one tensor under several names) moved as one
+    moved = {name: tables.setdefault(value.data_ptr(), value + 0.05 * torch.randn(value.shape, generator=noise))
              for name, value in state["model"].items()}
     b = root / "b.pt"
     checkpoint.save(state | {"model": moved}, b)
@@ -99,10 +103,11 @@ def test_mt_ensemble_writes_one_checkpoint_that_translate_tune_and_info_take(mem
 def test_checkpoints_that_cannot_be_ensembled_are_refused(members, tokenizer, tmp_path):
     state = checkpoint.load(members[0])
     other_vocabulary = tmp_path / "vocab.pt"
-    checkpoint.save(state | {"spm": {"src": tokenizer.model_proto, "tgt": tokenizer.model_proto}}, other_vocabulary)
+    checkpoint.save(state_for(tiny_model(vocab=tokenizer.vocab_size), tokenizer), other_vocabulary)
     wider = tmp_path / "wider.pt"
-    checkpoint.save(state | {"config": {**state["config"], "model": {**state["config"]["model"], "d_ff": 128}}},
-                    wider)
+    cfg = from_dict(state["config"])
+    cfg.model.d_ff = 128
+    checkpoint.save(state | {"config": to_dict(cfg), "model": Transformer(cfg.model).state_dict()}, wider)
     with pytest.raises(MtError, match="another vocabulary"):
         combine([members[0], other_vocabulary])
     with pytest.raises(MtError, match="another architecture"):
