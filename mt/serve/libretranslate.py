@@ -1,7 +1,9 @@
 """LibreTranslate's requests and answers, as its clients send and read them: the fields of a JSON body, or of the
 query string and a form; for `POST /translate`, `q` a string or a list, `source` (or "auto"), `target`, `format`
-("text": each `q` a line; "html": each a document, mt/documents/), `alternatives` and `api_key`; and mt's own
-`glossary` (with `glossary_method`), as /v1/translate takes it, answered with `glossaryMissed`."""
+("text": each `q` a text, its line breaks kept; "html": each a document, mt/documents/), `alternatives` and
+`api_key`; and mt's own `glossary` (with `glossary_method`), as /v1/translate takes it, answered with
+`glossaryMissed`, and `warnings` where something could not be kept whole (LibreTranslate's clients ignore fields
+they do not know)."""
 
 from __future__ import annotations
 
@@ -69,9 +71,10 @@ def alternatives(value: Any) -> int:
 
 
 def respond(query: Query, translated: list[str], missed: list[list[dict]] | None, detected: list[dict] | None,
-            alternatives: list[list[str]]) -> dict:
+            alternatives: list[list[str]], warnings: list[str]) -> dict:
     """The answer, one value per `q` (a list when `q` was): with source auto, `detectedLanguage` ({"confidence",
-    "language"}); asked for them, `alternatives`; with a glossary, `glossaryMissed` (the terms a translation lacks)."""
+    "language"}); asked for them, `alternatives`; with a glossary, `glossaryMissed` (the terms a translation lacks);
+    `warnings`, each naming its text, when there are any."""
     def each(values: list):
         return values[0] if query.single else values
 
@@ -82,6 +85,8 @@ def respond(query: Query, translated: list[str], missed: list[list[dict]] | None
         out["detectedLanguage"] = each(detected)
     if missed is not None:
         out["glossaryMissed"] = each(missed)
+    if warnings:
+        out["warnings"] = warnings
     return out
 
 
