@@ -2,7 +2,8 @@
 each line with text one part to translate, a line longer than the model takes cut into sentences as a document's
 are (mt/documents/sentences.py), and the translations joined back with the same breaks; nothing is cut off in
 silence. Also the bounds on that work, judged before anything is queued: the parts of one request
-(--max-sentences) and the glossary terms to place in one of them (--max-sentence-terms).
+(--max-sentences), the glossary's terms times the text's characters (`GLOSSARY_WORK`: each term is sought at every
+character) and the terms to place in one part (--max-sentence-terms).
 
 Runs off the event loop: it tokenizes every line.
 """
@@ -20,6 +21,7 @@ from mt.documents.text import text_document
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
 
+GLOSSARY_WORK = 10 ** 8  # a glossary's terms times the characters they are sought in: about 0.25 s a pass on a CPU
 # What str.splitlines breaks at: each break is kept as it was written
 LINE_BREAK = re.compile(r"(\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029])")
 
@@ -100,13 +102,19 @@ def owners_of(plan: Plan) -> list[int]:
 
 def check_parts(loaded: Loaded, parts: list[str], owners: list[int], labels: list[str], glossary: Glossary | None,
                 options: ServeOptions) -> list[str]:
-    """ApiError 413 when `parts` are more than a request may ask (--max-sentences), or one holds more glossary terms
-    to place than --max-sentence-terms; else the warnings for a part the model cannot take whole even so (a
-    single character longer than it takes), which the encoder cuts."""
+    """ApiError 413 when `parts` are more than a request may ask (--max-sentences), a glossary sought in them costs
+    more than GLOSSARY_WORK, or one holds more glossary terms to place than --max-sentence-terms; else the warnings
+    for a part the model cannot take whole even so (a single character longer than it takes), which the encoder
+    cuts."""
     if len(parts) > options.max_sentences:
         raise ApiError(413, f"the request is {len(parts):,} sentences to translate (its lines, and the sentences of "
                             f"documents and of lines longer than the model takes); the limit is "
                             f"{options.max_sentences:,} (--max-sentences): send it in several requests")
+    work = len(glossary.terms) * sum(len(part) for part in parts) if glossary is not None else 0
+    if work > GLOSSARY_WORK:
+        raise ApiError(413, f"the glossary's {len(glossary.terms):,} terms, each sought in the request's "
+                            f"{work // len(glossary.terms):,} characters, are {work:,} term-characters of work; the "
+                            f"limit is {GLOSSARY_WORK:,}: send fewer terms (those the text needs) or less text")
     if glossary is not None and glossary.terms and glossary.method == "constrain":
         for part, owner in zip(parts, owners, strict=True):
             found = len(glossary.find(part))
