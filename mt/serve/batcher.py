@@ -8,7 +8,7 @@ order. An idle worker starts on a lone request at once: there is no waiting wind
 is tried again alone, so a request the model cannot translate fails itself only.
 
 A request too large for a share of the worker's time (more pieces than `slice_tokens`: what the model translates in
-about `QUANTUM` seconds, as its recent calls ran) is translated a slice a call, in calls of its own, and goes to the
+about `QUANTUM` seconds, as the recent slices ran) is translated a slice a call, in calls of its own, and goes to the
 back of the queue after each: the requests that arrived meanwhile go first, so that one client's heaviest request
 delays another's by about a quantum, not by its whole length. A caller that gives up between two slices has the rest
 of its request dropped.
@@ -47,8 +47,8 @@ Translate = Callable[[list[str], Settings], list[list[Hypothesis]]]
 Outcome = tuple[Any, Exception | None]  # a request's result, or the error that is its answer instead
 REFILL = 0.25  # after a model call, how long to wait for its callers' next requests, as a share of the call's time
 MAX_REFILL = 0.05  # seconds: at most that long, a client's round trip on a network near the server
-QUANTUM = 0.2  # seconds of the model's time that a large request gets a call, before the others take their turn
-MIN_SLICE = 64  # pieces: a slice holds a few sentences however slow the model, so that they are still batched
+QUANTUM = 0.1  # seconds of the model's time that a large request gets a call, before the others take their turn
+MIN_SLICE = 16  # pieces: a slice holds a sentence or so however slow the model
 FIRST_SLICE = 256  # pieces: a large request's slice before any call has been timed
 
 
@@ -73,6 +73,7 @@ class Pending:
     call: Callable[[], Any] | None = None
     done: list = field(default_factory=list)  # the hypotheses of the lines translated so far, slice by slice
     part: list[str] = field(default_factory=list)  # the lines of the call it is in
+    sliced: bool = False  # whether that call is a slice of it, alone
 
     @property
     def tokens(self) -> int:
@@ -118,7 +119,7 @@ class Batcher:
         self.ready = threading.Condition()
         self.stats = Stats()
         self.stopping = False
-        self.seconds_per_token: float | None = None  # as the recent calls ran, for `slice_tokens`
+        self.seconds_per_token: float | None = None  # as the recent slices ran, for `slice_tokens`
         self.started, self.setup_error = threading.Event(), None
         self.thread = threading.Thread(target=self.work, args=(setup,), name=f"mt-serve-{name}", daemon=True)
         self.thread.start()
@@ -152,7 +153,8 @@ class Batcher:
     @property
     def slice_tokens(self) -> int:
         """The most pieces of a request's lines that one call of its own takes: about QUANTUM seconds of the
-        model's time, as the recent calls ran."""
+        model's time, as the recent slices ran (timed on slices alone: a small call's time is mostly its
+        overhead, which a slice sized on it would pay again and again)."""
         if self.seconds_per_token is None:
             return FIRST_SLICE
         return max(MIN_SLICE, int(QUANTUM / self.seconds_per_token))
@@ -215,13 +217,13 @@ class Batcher:
         slice_tokens = self.slice_tokens
         if live[0].call is not None or live[0].tokens > slice_tokens:
             self.waiting.extend(live[1:])
-            live[0].part = live[0].slice(slice_tokens)
+            live[0].part, live[0].sliced = live[0].slice(slice_tokens), live[0].call is None
             return live[:1]
         settings, group, tokens = live[0].settings, [], 0
         for pending in live:
             if pending.settings == settings and pending.tokens <= slice_tokens \
                     and (not group or tokens + pending.tokens <= self.batch_tokens):
-                pending.part = pending.lines[len(pending.done):]
+                pending.part, pending.sliced = pending.lines[len(pending.done):], False
                 group.append(pending)
                 tokens += pending.tokens
             else:
@@ -235,7 +237,7 @@ class Batcher:
         call = group[0].call
         started, tokens = time.monotonic(), sum(estimate(line) for pending in group for line in pending.part)
         outcomes = [attempt(lambda: on_torch_thread(call))] if call is not None else self.translate_each(group, calls)
-        if call is None and calls:
+        if group[0].sliced and calls:
             self.timed(tokens, time.monotonic() - started)
         for requests, lines in calls:  # counted before anyone is answered: a caller's next look at /metrics sees it
             self.stats.record(requests, lines)
