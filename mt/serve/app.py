@@ -5,8 +5,10 @@ and mt/serve/file_routes.py: `/translate_file`, `/download_file`), so its client
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` html, and text
 and srt in mt's own), cut into sentences and put back together by mt/documents/. Concurrent requests are
-batched together by mt/serve/batcher.py, through mt/serve/translating.py. Limits (characters per line, lines per
-request, queue room, a timeout per request) answer with a status and `{"error": ...}`, never by falling over:
+batched together by mt/serve/batcher.py, through mt/serve/translating.py; a text the model cannot take whole is
+translated in parts (mt/serve/parts.py), and what is still lost is said in the answer's `warnings`. Limits
+(characters per line, lines and sentences per request, beam, glossary work, queue room, a timeout per request;
+docs/serving.md has them all) answer with a status and `{"error": ...}`, never by falling over:
 mt/serve/checks.py judges each request before it is queued, mt/serve/errors.py gives every refusal that shape, and
 mt/serve/limits.py drops clients too slow to send their requests. No endpoint reads a path a request names.
 """
