@@ -7,6 +7,7 @@ they do not know)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from mt.errors import ApiError
 from mt.serve.errors import unreadable
 
 MAX_ALTERNATIVES = 10  # per line: each costs a beam of its own
+OFF_LOOP = 64 * 2 ** 10  # bytes of JSON past which it is parsed off the event loop (15 MiB of escapes: 0.2 s)
 
 
 @dataclass
@@ -96,8 +98,9 @@ async def fields(request: Request) -> dict:
     the query string, with no body). A field given more than once: the list of its values."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json":
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw) if len(raw) < OFF_LOOP else await asyncio.to_thread(json.loads, raw)
         except (ValueError, RecursionError) as error:  # ValueError: bad JSON, bad UTF-8, a number of 4300 digits
             raise unreadable(error) from None
         if not isinstance(body, dict):
