@@ -43,10 +43,11 @@ class Parts:
     def whole(self, text: int) -> int | None:
         """The part that text `text` is translated as, when it is one line translated whole (else None; also for
         a blank text, which has no part)."""
-        units = [item for item in self.layouts[text] if isinstance(item, int)]
-        if len(units) != 1 or self.units[units[0]][0] != "part" or len(self.layouts[text]) != 1:
+        layout = self.layouts[text]
+        if len(layout) != 1 or not isinstance(layout[0], int):
             return None
-        return self.units[units[0]][1]
+        kind, index = self.units[layout[0]]
+        return index if kind == "part" else None
 
     def put_back(self, translations: list[str]) -> list[str]:
         """Each text's translation, from the translations of `parts`."""
@@ -90,8 +91,7 @@ def plan_texts(loaded: Loaded, texts: list[str], labels: list[str]) -> Parts:
     sentences = plan_documents(loaded, [text_document([lines[j]]) for j in long]) if long else None
     for d, j in enumerate(long):
         units[j] = ("document", d)
-        first = sentences.sentences[d]
-        part_owners += [owners[j]] * sum(s.count for unit in first for s in unit)
+        part_owners += [owners[j]] * sum(s.count for unit in sentences.sentences[d] for s in unit)
     return Parts(parts + (sentences.parts if sentences else []), layouts, units, sentences, part_owners)
 
 
