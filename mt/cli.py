@@ -342,6 +342,18 @@ def serve(
                     typer.Option(help="Let pages from this origin call the API (repeatable).")] = None,
     max_chars: Annotated[int, typer.Option(min=1, help="Characters per line (longer: 413).")] = SERVE.max_chars,
     max_lines: Annotated[int, typer.Option(min=1, help="Lines per request (more: 413).")] = SERVE.max_lines,
+    max_sentences: Annotated[int, typer.Option(min=1, help="Sentences a request is translated as: its lines, the "
+                                                           "sentences of its documents and of lines longer than the "
+                                                           "model takes (more: 413).")] = SERVE.max_sentences,
+    max_beam: Annotated[int, typer.Option(min=1, help="Beam size and n best a request may ask for (more: "
+                                                      "413).")] = SERVE.max_beam,
+    max_glossary_terms: Annotated[int, typer.Option(min=1, help="Terms of a request's glossary, each side at most "
+                                                                "200 characters, and their number times the text's "
+                                                                "characters at most 100,000,000 (more: 413).")
+                                  ] = SERVE.max_glossary_terms,
+    max_sentence_terms: Annotated[int, typer.Option(min=1, help="Glossary terms placed in one sentence by the "
+                                                                "constrained search (more: 413).")
+                                  ] = SERVE.max_sentence_terms,
     max_waiting: Annotated[int, typer.Option(min=1, help="Requests queued per model (more: 503, "
                                                          "Retry-After).")] = SERVE.max_waiting,
     timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request may wait and be "
@@ -379,7 +391,8 @@ def serve(
     run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
                                               cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads,
                                               compile, client_timeout, max_connections, files, max_file_bytes,
-                                              file_ttl, max_files, max_stored_bytes))
+                                              file_ttl, max_files, max_stored_bytes, max_sentences, max_beam,
+                                              max_glossary_terms, max_sentence_terms))
 
 
 @app.command()

@@ -100,6 +100,10 @@ class ServeOptions:
     file_ttl: float = 600.0  # seconds a translated file is kept for its download
     max_files: int = 100  # translated files kept at once
     max_stored_bytes: int = 2 ** 30  # bytes of translated files kept at once
+    max_sentences: int = 1024  # parts a request is translated as: its lines, documents' and long lines' sentences
+    max_beam: int = 16  # beam size (and n best) a request may ask for
+    max_glossary_terms: int = 1000  # terms of a request's glossary
+    max_sentence_terms: int = 16  # glossary terms placed in one sentence (the constrained search's cost grows fast)
 
 
 SERVE = ServeOptions()

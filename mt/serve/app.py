@@ -5,8 +5,10 @@ and mt/serve/file_routes.py: `/translate_file`, `/download_file`), so its client
 (`POST /v1/translate`, `GET /v1/models`, `POST /v1/attention` for the page's heatmap); `GET /health`, `GET /ready`,
 `GET /metrics` (Prometheus); the page at `/`. Both translation APIs take documents too (`format` html, and text
 and srt in mt's own), cut into sentences and put back together by mt/documents/. Concurrent requests are
-batched together by mt/serve/batcher.py, through mt/serve/translating.py. Limits (characters per line, lines per
-request, queue room, a timeout per request) answer with a status and `{"error": ...}`, never by falling over:
+batched together by mt/serve/batcher.py, through mt/serve/translating.py; a text the model cannot take whole is
+translated in parts (mt/serve/parts.py), and what is still lost is said in the answer's `warnings`. Limits
+(characters per line, lines and sentences per request, beam, glossary work, queue room, a timeout per request;
+docs/serving.md has them all) answer with a status and `{"error": ...}`, never by falling over:
 mt/serve/checks.py judges each request before it is queued, mt/serve/errors.py gives every refusal that shape, and
 mt/serve/limits.py drops clients too slow to send their requests. No endpoint reads a path a request names.
 """
@@ -36,7 +38,7 @@ from mt.device import pick_device
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
 from mt.serve.batcher import Batcher, Settings
-from mt.serve.checks import check_glossary, check_key, check_lines, header_key
+from mt.serve.checks import check_glossary, check_key, check_search, header_key
 from mt.serve.detect import Detector
 from mt.serve.errors import add_error_handlers
 from mt.serve.file_routes import add_file_routes
@@ -44,7 +46,17 @@ from mt.serve.files import FileStore
 from mt.serve.libretranslate_routes import add_libretranslate_routes
 from mt.serve.limits import FORM_ROOM, BodyLimit, max_body, protocol
 from mt.serve.metrics import CountAnswers, Metrics
-from mt.serve.translating import Served, not_placed, render, settings, translate, translate_texts
+from mt.serve.parts import Parts
+from mt.serve.translating import (
+    Served,
+    labels,
+    not_placed,
+    plan_parts,
+    render,
+    settings,
+    translate,
+    translate_texts,
+)
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log, formatted as its messages are
 
@@ -173,37 +185,60 @@ def add_translation_routes(app: FastAPI) -> None:
     async def native(body: NativeRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
+        check_search(options, body.beam, body.nbest)
         glossary = check_glossary(body.glossary, body.glossary_method, "export" in served.loaded.state, options)
+        per_line = body.nbest > 1 or body.scores or body.alignments
         if body.format != "lines":
-            if body.nbest > 1 or body.scores or body.alignments:
+            if per_line:
                 raise ApiError(400, f"format {body.format} translates documents; nbest, scores and alignments are for "
                                     "format lines")
-            texts = await translate_texts(app, request, served, body.text, body.format,
-                                          settings(served, body.beam, body.len_penalty, glossary=glossary), "v1")
-            documents = [{"text": text} for text in texts]
-            if glossary is not None:
-                for one, terms in zip(documents, not_placed(glossary, body.text, documents), strict=True):
-                    one["glossary_missed"] = terms
-            return {"model": served.name, "translations": documents}
-        check_lines(body.text, options)
-        results = await translate(app, request, served, body.text,
-                                  settings(served, body.beam, body.len_penalty, body.nbest, glossary), "v1")
-        aligned = await served.batcher.run_alone(lambda: align(served, body.text, results)) if body.alignments \
-            else None
-        out = [render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
-               for i, hyps in enumerate(results)]
+            texts, warnings = await translate_texts(app, request, served, body.text, body.format,
+                                                    settings(served, body.beam, body.len_penalty, glossary=glossary),
+                                                    "v1")
+            out = [{"text": text} for text in texts]
+        else:
+            decoding = settings(served, body.beam, body.len_penalty, body.nbest, glossary)
+            parts = await plan_parts(app, served, body.text, labels(len(body.text)), decoding)
+            whole = whole_lines(parts, body.text, "nbest, scores and alignments") if per_line else []
+            results = await translate(app, request, served, parts.parts, decoding, "v1", len(body.text)) \
+                if parts.parts else []
+            if per_line:
+                each = [results[k] if k is not None else [] for k in whole]
+                aligned = await served.batcher.run_alone(lambda: align(served, body.text, each)) \
+                    if body.alignments else None
+                out = [render(served, hyps, body.nbest, body.scores, aligned[i] if aligned else None)
+                       for i, hyps in enumerate(each)]
+            else:
+                out = [{"text": text} for text in parts.put_back([render(served, hyps, 1, False)["text"]
+                                                                  for hyps in results])]
+            warnings = parts.warnings
         if glossary is not None:
-            for one, terms in zip(out, not_placed(glossary, body.text, out), strict=True):
+            for one, terms in zip(out, await not_placed(glossary, body.text, out), strict=True):
                 one["glossary_missed"] = terms
-        return {"model": served.name, "translations": out}
+        return {"model": served.name, "translations": out} | ({"warnings": warnings} if warnings else {})
 
     @app.post("/v1/attention")
     async def attention(body: AttentionRequest, request: Request):
         check_key(options, header_key(request))
         served = pick(models, body.model)
-        check_lines([body.text], options)
-        results = await translate(app, request, served, [body.text], settings(served), "attention")
+        parts = await plan_parts(app, served, [body.text], labels(1, single=True), settings(served))
+        [k] = whole_lines(parts, [body.text], "attention")
+        results = await translate(app, request, served, parts.parts, settings(served), "attention") \
+            if k is not None else [[]]
         return await served.batcher.run_alone(lambda: attention_map(served, body.text, results[0]))
+
+
+def whole_lines(parts: Parts, texts: list[str], what: str) -> list[int | None]:
+    """The part each text is translated as (None for a blank one); ApiError 413 for a text that is not one line
+    the model takes whole, since `what` are of one search of one line."""
+    whole = [parts.whole(i) for i in range(len(texts))]
+    for i, (text, k) in enumerate(zip(texts, whole, strict=True)):
+        if k is None and text.strip():
+            where = "the text" if len(texts) == 1 else f"text {i + 1}"
+            raise ApiError(413, f"{where} is more than one line the model takes whole (it holds a line break, or is "
+                                f"longer than the model takes), and {what} are of one line translated whole: send "
+                                f"each line, or sentence, as a text of its own, or ask without them")
+    return whole
 
 
 def pick(models: dict[str, Served], name: str | None) -> Served:

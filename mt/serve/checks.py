@@ -1,7 +1,8 @@
 """What `mt serve` checks of a request before it queues it for a model: its API key, its lines (how many, how
-long, and that they are text) and its glossary. Each request is judged alone, so nothing a client sends reaches the
-model call it would share with other clients' requests unless it can be translated. Also the keys themselves, read
-at start: asked for keys and given none, the server refuses to start rather than serve everyone.
+long, and that they are text), its search (beam, n best) and its glossary (how many terms, how long). Each request
+is judged alone, so nothing a client sends reaches the model call it would share with other clients' requests unless
+it can be translated. Also the keys themselves, read at start: asked for keys and given none, the server refuses to
+start rather than serve everyone.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from mt.decode.glossary import Glossary, check_method, default_method, term
 from mt.errors import ApiError, MtError
 from mt.options import ServeOptions
 
-MAX_TERMS = 1000  # per request's glossary
+MAX_TERM_CHARS = 200  # characters of a glossary term's side: a term is a word or a few, and each is sought everywhere
 
 
 def check_lines(lines: list[str], options: ServeOptions) -> None:
@@ -37,10 +38,18 @@ def check_lines(lines: list[str], options: ServeOptions) -> None:
                                 f"character, or drop it") from None
 
 
+def check_search(options: ServeOptions, beam: int | None, nbest: int) -> None:
+    """ApiError 413 for a beam or n best wider than --max-beam: a search's cost grows with its width."""
+    for name, value in (("beam", beam), ("nbest", nbest)):
+        if value is not None and value > options.max_beam:
+            raise ApiError(413, f"{name} {value}: the limit is {options.max_beam} (--max-beam): ask for less")
+
+
 def check_glossary(value: Any, method: Any, exported: bool, options: ServeOptions) -> Glossary | None:
     """A request's `glossary`: a list of {"source": ..., "target": ...} or a mapping of source to target term (in a
     form, either as a JSON string), none when absent; placed by `method` (`glossary_method`), by default the best
-    the model can do. ApiError 400 (413 past MAX_TERMS) naming the entry and the fix otherwise."""
+    the model can do. ApiError 400 (413 past --max-glossary-terms, or a term past MAX_TERM_CHARS) naming the entry
+    and the fix otherwise."""
     if value is None:
         if method is not None:
             raise ApiError(400, "glossary_method says how to place a glossary's terms: send glossary too")
@@ -56,8 +65,9 @@ def check_glossary(value: Any, method: Any, exported: bool, options: ServeOption
     if not isinstance(value, list):
         raise ApiError(400, "glossary: send a list of {\"source\": ..., \"target\": ...} or an object of source "
                             "term to target term")
-    if len(value) > MAX_TERMS:
-        raise ApiError(413, f"glossary: {len(value)} terms; the limit is {MAX_TERMS} a request")
+    if len(value) > options.max_glossary_terms:
+        raise ApiError(413, f"glossary: {len(value)} terms; the limit is {options.max_glossary_terms} a request "
+                            f"(--max-glossary-terms): send the terms the text needs")
     terms = {}
     for i, entry in enumerate(value, 1):
         where = f"glossary term {i}"
@@ -70,6 +80,9 @@ def check_glossary(value: Any, method: Any, exported: bool, options: ServeOption
             raise ApiError(400, str(error)) from None
         if len(found.source) > options.max_chars or len(found.target) > options.max_chars:
             raise ApiError(413, f"{where} is longer than a line may be ({options.max_chars} characters, --max-chars)")
+        if len(found.source) > MAX_TERM_CHARS or len(found.target) > MAX_TERM_CHARS:
+            raise ApiError(413, f"{where} is longer than a term may be ({MAX_TERM_CHARS} characters a side): a term "
+                                f"is a word or a few")
         if terms.get(found.source, found) != found:
             raise ApiError(400, f"{where}: {found.source!r} is given twice with different targets: give each source "
                                 f"term one target term")

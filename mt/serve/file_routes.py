@@ -70,12 +70,14 @@ def add_file_routes(app: FastAPI, store: FileStore) -> None:
             served = by_detection(models, detected, target, True)[0]
         else:
             served = pick_by_languages(models, source, target)
-        [out] = await translate_documents(app, request, served, [document], settings(served), "translate_file")
+        [out], warnings = await translate_documents(app, request, served, [document], settings(served),
+                                                    "translate_file", [f"file {name}"])
         if isinstance(out, str):  # a text format: its lines, each ended as mt translate writes them
             out = (out + "\n").encode("utf-8") if data else b""
         suffix = "." + name.rpartition(".")[2].lower()
         stored = await asyncio.to_thread(store.put, out, suffix, download_name(name, suffix))
-        return {"translatedFileUrl": str(request.url_for("download_file", name=stored))}
+        return {"translatedFileUrl": str(request.url_for("download_file", name=stored))} | (
+            {"warnings": warnings} if warnings else {})
 
     @app.get("/download_file/{name}", name="download_file")
     async def download_file(name: str):

@@ -21,7 +21,10 @@ from mt.serve.checks import check_glossary, check_key, check_lines, header_key
 from mt.serve.libretranslate import Query, body_key, fields, parse, respond, texts
 from mt.serve.translating import (
     Served,
+    document_lines,
+    labels,
     not_placed,
+    plan_parts,
     read_documents,
     render,
     settings,
@@ -73,9 +76,9 @@ def add_libretranslate_routes(app: FastAPI) -> None:
         check_key(options, body_key(body) or header_key(request))
         query = parse(body)
         check_lines(query.lines, options)
-        documents = await read_documents(lambda: [
-            read_document("html", text.replace("\r\n", "\n").split("\n"), f"text {i + 1}")
-            for i, text in enumerate(query.lines)]) if query.format == "html" else None
+        documents = await read_documents(lambda: [read_document("html", document_lines(text), f"text {i + 1}")
+                                                  for i, text in enumerate(query.lines)]) \
+            if query.format == "html" else None
         if query.source == "auto":
             shown = [" ".join(doc.units) for doc in documents] if documents is not None else query.lines
             detected = await detect_each(app, shown)
@@ -83,32 +86,42 @@ def add_libretranslate_routes(app: FastAPI) -> None:
         else:
             detected, chosen = None, [pick_by_languages(models, query.source, query.target)] * len(query.lines)
         translated, alternatives, missed = [""] * len(query.lines), [[] for _ in query.lines], [[] for _ in query.lines]
-        glossary_given = query.glossary is not None
+        glossary_given, warnings = query.glossary is not None, []
         for name in dict.fromkeys(one.name for one in chosen):  # a model at a time: each watches the one connection
             indices = [i for i, one in enumerate(chosen) if one.name == name]
-            out = await translate_some(app, request, models[name], query, indices, documents)
+            out, said = await translate_some(app, request, models[name], query, indices, documents)
             for i, (text, others, lacks) in zip(indices, zip(*out, strict=True), strict=True):
                 translated[i], alternatives[i], missed[i] = text, others, lacks
-        return respond(query, translated, missed if glossary_given else None, detected, alternatives)
+            warnings += said
+        return respond(query, translated, missed if glossary_given else None, detected, alternatives, warnings)
 
 
 async def translate_some(app: FastAPI, request: Request, served: Served, query: Query, indices: list[int],
-                         documents: list[Document] | None) -> tuple[list[str], list[list[str]], list[list[dict]]]:
-    """The texts of `query` at `indices`, by `served`: their translations, alternatives and glossary terms missed."""
+                         documents: list[Document] | None
+                         ) -> tuple[tuple[list[str], list[list[str]], list[list[dict]]], list[str]]:
+    """The texts of `query` at `indices`, by `served`: their translations, alternatives and glossary terms missed;
+    and the warnings."""
     options = app.state.options
     glossary = check_glossary(query.glossary, query.glossary_method, "export" in served.loaded.state, options)
-    lines = [query.lines[i] for i in indices]
+    lines, names = [query.lines[i] for i in indices], [labels(len(query.lines), query.single)[i] for i in indices]
     if documents is not None:  # LibreTranslate has no alternatives for html either
-        texts = await translate_documents(app, request, served, [documents[i] for i in indices],
-                                          settings(served, glossary=glossary), "translate")
+        texts, warnings = await translate_documents(app, request, served, [documents[i] for i in indices],
+                                                    settings(served, glossary=glossary), "translate", names)
         out, alternatives = [{"text": text} for text in texts], [[] for _ in indices]
     else:
-        results = await translate(app, request, served, lines,
-                                  settings(served, nbest=query.alternatives + 1, glossary=glossary), "translate")
-        out = [render(served, hyps, 1, False) for hyps in results]
-        alternatives = [next_best(served, hyps, query.alternatives) for hyps in results]
-    missed = not_placed(glossary, lines, out) if glossary is not None else [[] for _ in indices]
-    return [one["text"] for one in out], alternatives, missed
+        decoding = settings(served, nbest=query.alternatives + 1, glossary=glossary)
+        parts = await plan_parts(app, served, lines, names, decoding)
+        results = await translate(app, request, served, parts.parts, decoding, "translate", len(lines)) \
+            if parts.parts else []
+        out = [{"text": text} for text in parts.put_back([render(served, hyps, 1, False)["text"] for hyps in results])]
+        whole, warnings = [parts.whole(i) for i in range(len(lines))], parts.warnings
+        alternatives = [next_best(served, results[k], query.alternatives) if k is not None else [] for k in whole]
+        if query.alternatives:
+            warnings += [f"{name}: no alternatives: it is translated in parts (its lines, or sentences), and they "
+                         f"are of a whole line" for name, line, k in zip(names, lines, whole, strict=True)
+                         if k is None and line.strip()]
+    missed = await not_placed(glossary, lines, out) if glossary is not None else [[] for _ in indices]
+    return ([one["text"] for one in out], alternatives, missed), warnings
 
 
 def next_best(served: Served, hyps: list[Hypothesis], n: int) -> list[str]:

@@ -13,6 +13,11 @@ Nor does anything beneath the app bound a body's size: a fast client could send 
 `BodyLimit` answers 413 to a body larger than the longest request the line limits allow (`max_body`), or, for an
 upload to /translate_file, than --max-file-bytes and `FORM_ROOM`, before reading it when its Content-Length says
 so, as soon as it is past the limit when it comes in chunks.
+
+A connection closed while its client is still sending a body it was answered before (a 413) would be reset by the
+kernel, with the unread bytes, before most clients have read the answer: they send the whole body first. So, as
+nginx's lingering close does, the server then shuts its side down after the answer and reads on, discarding, until
+the client closes or `LINGER` seconds have passed.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from mt.serve.errors import answer
 JSON_BYTES_PER_CHARACTER = 12
 FORM_ROOM = 64 * 2 ** 10  # an upload's body besides its file: the multipart heads, source, target, a key
 FILE_PATH = "/translate_file"
+LINGER = 5.0  # seconds a connection answered mid-body reads on, discarding, so that its client sees the answer
 
 
 def protocol(options: ServeOptions) -> functools.partial:
@@ -49,9 +55,10 @@ class Deadlined(H11Protocol):
         super().__init__(config, server_state, app_state, _loop)
         self.client_timeout, self.max_connections = client_timeout, max_connections
         self.deadline: asyncio.TimerHandle | None = None
+        self.lingering = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)
+        super().connection_made(Lingering(transport, self))
         if len(self.connections) > self.max_connections:  # this one included
             self.refuse(503, f"the server holds {self.max_connections} connections, its limit (--max-connections): "
                              f"retry shortly", [(b"retry-after", b"1")])
@@ -59,8 +66,21 @@ class Deadlined(H11Protocol):
         self.deadline = self.loop.call_later(self.client_timeout, self.expire)  # one that sends nothing goes too
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:  # the rest of a body already answered: read only to be discarded
+            return
         super().data_received(data)
         self.watch()
+
+    def linger(self, transport: asyncio.Transport) -> None:
+        """Close the connection, reading on first (see the module's docstring) while a body is still coming."""
+        self.disarm()
+        if self.lingering or self.conn.their_state is not h11.SEND_BODY or not transport.can_write_eof():
+            transport.close()
+            return
+        self.lingering = True
+        transport.write_eof()  # once the answer is out: the client reads it, then the end
+        transport.resume_reading()
+        self.loop.call_later(LINGER, transport.close)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -114,6 +134,22 @@ class Deadlined(H11Protocol):
         except h11.LocalProtocolError:  # h11's state forbids an answer now: closing says enough
             pass
         self.transport.close()
+
+
+class Lingering:
+    """The connection's transport as uvicorn sees it: its `close` lingers (`Deadlined.linger`)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Deadlined):
+        self.transport, self.protocol = transport, protocol
+
+    def close(self) -> None:
+        self.protocol.linger(self.transport)
+
+    def is_closing(self) -> bool:
+        return self.protocol.lingering or self.transport.is_closing()
+
+    def __getattr__(self, name: str):
+        return getattr(self.transport, name)
 
 
 def max_body(options: ServeOptions) -> int:

@@ -47,8 +47,8 @@ class Metrics:
     def answered(self, path: str, status: int) -> None:
         self.requests.labels(path, str(status)).inc()
 
-    def served(self, endpoint: str, served, lines: list[str], results: list, seconds: float) -> None:
-        self.lines.labels(served.name).inc(len(lines))
+    def served(self, endpoint: str, served, lines: int, results: list, seconds: float) -> None:
+        self.lines.labels(served.name).inc(lines)
         self.tokens.labels(served.name).inc(sum(len(hyps[0].tokens) for hyps in results if hyps))
         self.latency.labels(endpoint).observe(seconds)
 

@@ -1,6 +1,8 @@
-"""How mt serve's routes translate: a request's lines queued for a model's worker (mt/serve/batcher.py), within
-the request's timeout and withdrawn when its client goes away; documents read and cut into sentences off the event
-loop, their sentences queued as one request and put back together; each line's hypotheses rendered as text."""
+"""How mt serve's routes translate: a request's texts cut into the parts the model takes (mt/serve/parts.py) and
+bounded, off the event loop; the parts queued for a model's worker (mt/serve/batcher.py), within the request's
+timeout and withdrawn when its client goes away; documents read and cut into sentences off the event loop, their
+sentences queued as one request and put back together; each line's hypotheses rendered as text; what could not be
+kept whole said in the answer's `warnings`."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from mt.documents.sentences import Document, finish, splitter
 from mt.errors import ApiError, MtError
 from mt.serve.batcher import Batcher, QueueFull, Settings
 from mt.serve.checks import check_lines
+from mt.serve.parts import Parts, check_parts, owners_of, plan_texts
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's own log, formatted as its messages are
 
@@ -43,19 +46,49 @@ def settings(served: Served, beam: int | None = None, len_penalty: float | None 
     return beam or decode.beam, decode.len_penalty if len_penalty is None else len_penalty, nbest, glossary
 
 
-def not_placed(glossary: Glossary, lines: list[str], out: list[dict]) -> list[list[dict]]:
-    """Per line, the glossary's terms (as {"source", "target"}) that its best translation does not hold."""
-    return [[{"source": t.source, "target": t.target} for t in missed(glossary, line, one["text"])]
-            for line, one in zip(lines, out, strict=True)]
+async def not_placed(glossary: Glossary, lines: list[str], out: list[dict]) -> list[list[dict]]:
+    """Per line, the glossary's terms (as {"source", "target"}) that its best translation does not hold; sought
+    off the event loop (every term in every line)."""
+    return await asyncio.to_thread(lambda: [[{"source": t.source, "target": t.target}
+                                             for t in missed(glossary, line, one["text"])]
+                                            for line, one in zip(lines, out, strict=True)])
+
+
+def labels(count: int, single: bool = False) -> list[str]:
+    """What errors and warnings call each of a request's texts."""
+    return ["the text"] if single else [f"text {i + 1}" for i in range(count)]
+
+
+async def plan_parts(app: FastAPI, served: Served, texts: list[str], names: list[str], settings: Settings) -> Parts:
+    """The parts `texts` are translated as (mt/serve/parts.py), each text checked as a line is, planned and
+    bounded off the event loop."""
+    options = app.state.options
+    check_lines(texts, options)
+
+    def planned() -> Parts:
+        parts = plan_texts(served.loaded, texts, names)
+        parts.warnings += check_parts(served.loaded, parts.parts, parts.owners, names, settings[3], options)
+        return parts
+    try:
+        return await asyncio.to_thread(planned)
+    except MtError as error:
+        raise ApiError(400, str(error)) from None
+
+
+def document_lines(text: str) -> list[str]:
+    """A request's text as `mt translate --format` reads a file's lines: without a leading byte-order mark, cut at
+    each "\n", a "\r" before it dropped."""
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").split("\n")
 
 
 async def translate_texts(app: FastAPI, request: Request, served: Served, texts: list[str], fmt: str,
-                          settings: Settings, endpoint: str) -> list[str]:
-    """Each of `texts` translated as a document of text format `fmt`, each text checked as a line is."""
+                          settings: Settings, endpoint: str) -> tuple[list[str], list[str]]:
+    """Each of `texts` translated as a document of text format `fmt`, each text checked as a line is; and the
+    warnings."""
     check_lines(texts, app.state.options)
-    documents = await read_documents(lambda: [read_document(fmt, text.replace("\r\n", "\n").split("\n"),
-                                                            f"text {i + 1}") for i, text in enumerate(texts)])
-    return await translate_documents(app, request, served, documents, settings, endpoint)
+    documents = await read_documents(lambda: [read_document(fmt, document_lines(text), f"text {i + 1}")
+                                              for i, text in enumerate(texts)])
+    return await translate_documents(app, request, served, documents, settings, endpoint, labels(len(texts)))
 
 
 async def read_documents(read: Callable[[], list[Document]]) -> list[Document]:
@@ -72,21 +105,27 @@ async def read_documents(read: Callable[[], list[Document]]) -> list[Document]:
 
 
 async def translate_documents(app: FastAPI, request: Request, served: Served, documents: list[Document],
-                              settings: Settings, endpoint: str) -> list[str | bytes]:
-    """`documents` translated: cut into sentences off the event loop, the sentences of all queued as one request,
-    put back together (text for a text format, bytes for a file format)."""
+                              settings: Settings, endpoint: str, names: list[str]
+                              ) -> tuple[list[str | bytes], list[str]]:
+    """`documents` (each called by its name of `names`) translated: cut into sentences and bounded off the event
+    loop, the sentences of all queued as one request, put back together (text for a text format, bytes for a file
+    format); and the warnings."""
+    def planned():
+        todo = plan_documents(served.loaded, documents)
+        return todo, check_parts(served.loaded, todo.parts, owners_of(todo), names, settings[3], app.state.options)
     try:
-        todo = await asyncio.to_thread(plan_documents, served.loaded, documents)
+        todo, warnings = await asyncio.to_thread(planned)
     except MtError as error:
         raise ApiError(400, str(error)) from None
     results = await translate(app, request, served, todo.parts, settings, endpoint) if todo.parts else []
-    return finish(todo, [render(served, hyps, 1, False)["text"] for hyps in results])
+    return finish(todo, [render(served, hyps, 1, False)["text"] for hyps in results]), warnings
 
 
 async def translate(app: FastAPI, request: Request, served: Served, lines: list[str], settings: Settings,
-                    endpoint: str) -> list[list[Hypothesis]]:
+                    endpoint: str, sent: int | None = None) -> list[list[Hypothesis]]:
     """Queue `lines` (checked by `check_lines` first) for `served`'s worker; the hypotheses of each line. A request
-    that times out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet."""
+    that times out or whose client goes away is withdrawn: the worker drops it unread if it has not reached it yet.
+    `sent`: the lines the request sent, for /metrics, when `lines` are the parts they were cut into."""
     options, metrics = app.state.options, app.state.metrics
     started = time.perf_counter()
     submitted = asyncio.ensure_future(served.batcher.submit(lines, settings))
@@ -111,7 +150,7 @@ async def translate(app: FastAPI, request: Request, served: Served, lines: list[
         log.exception("model %s failed on a request of %d lines", served.name, len(lines))
         raise ApiError(500, "internal error: the model failed on this request; the server's log has the cause") \
             from None
-    metrics.served(endpoint, served, lines, results, time.perf_counter() - started)
+    metrics.served(endpoint, served, len(lines) if sent is None else sent, results, time.perf_counter() - started)
     return results
 
 

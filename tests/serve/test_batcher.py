@@ -155,3 +155,86 @@ def test_every_models_pytorch_work_runs_on_one_thread():
     second.stop()
     assert len(seen) == 5 and len(set(seen)) == 1
     assert seen[0] not in (first.thread.ident, second.thread.ident, threading.get_ident())
+
+
+def test_a_large_request_is_translated_a_slice_a_call_and_one_arriving_meanwhile_goes_first():
+    """A request of more lines than the model translates in about a quantum goes in slices, to the back of the
+    queue after each: a one-line request sent while it runs is answered long before it ends, and the large one
+    still gets every line back, in order."""
+    calls = []
+
+    def translate(lines, settings):
+        calls.append(list(lines))
+        time.sleep(0.002 * len(lines))  # the model at work: 2 ms a line, the same for any batch
+        return [[Hypothesis([int(line)], 0.0, 0.0)] for line in lines]
+
+    batcher = Batcher(lambda: translate)
+    large = [str(i) for i in range(2000)]  # 4 s of the model's time
+
+    async def go():
+        big = asyncio.ensure_future(batcher.submit(large, (5, 1.0, 1)))
+        for _ in range(1000):  # until the first slices have run: the worker has timed the model
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        small = await batcher.submit(["7"], (5, 1.0, 1))
+        return small, big.done(), await big
+
+    small, big_done_first, big = asyncio.run(go())
+    batcher.stop()
+    assert small == [[Hypothesis([7], 0.0, 0.0)]] and not big_done_first
+    assert [h[0].tokens[0] for h in big] == list(range(2000))
+    assert ["7"] in calls and len(calls) > 10  # served between the large request's slices
+    assert max(len(c) for c in calls) * 0.002 < 1.0  # no call held the worker for the large request's whole time
+
+
+def test_a_large_request_whose_caller_gave_up_is_dropped_between_its_slices():
+    seen = []
+
+    def translate(lines, settings):
+        seen.extend(lines)
+        time.sleep(0.002 * len(lines))
+        return [[Hypothesis([], 0.0, 0.0)] for _ in lines]
+
+    batcher = Batcher(lambda: translate)
+
+    async def go():
+        big = asyncio.ensure_future(batcher.submit([str(i) for i in range(5000)], (5, 1.0, 1)))
+        for _ in range(1000):
+            if len(seen) >= 100:
+                break
+            await asyncio.sleep(0.01)
+        big.cancel()  # its caller timed out, or went away
+        await asyncio.sleep(0.5)
+        return len(seen)
+
+    after_cancel = asyncio.run(go())
+    batcher.stop()
+    assert len(seen) == after_cancel < 5000  # nothing more of it was translated
+
+
+def test_a_request_that_waited_through_a_long_call_starts_right_after_it():
+    """The refill after a call waits for the callers it answered at most MAX_REFILL, not a share of a long call: a
+    request queued behind a 2 s call does not wait a further 0.5 s after it."""
+    starts, ends = [], []
+
+    def translate(lines, settings):
+        starts.append(time.monotonic())
+        time.sleep(2.0 if len(starts) == 1 else 0.01)
+        ends.append(time.monotonic())
+        return [[Hypothesis([], 0.0, 0.0)] for _ in lines]
+
+    batcher = Batcher(lambda: translate)
+
+    async def go():
+        first = asyncio.ensure_future(batcher.submit(["a"], (5, 1.0, 1)))
+        for _ in range(1000):
+            if starts:
+                break
+            await asyncio.sleep(0.01)
+        await batcher.submit(["b"], (5, 1.0, 1))
+        await first
+
+    asyncio.run(go())
+    batcher.stop()
+    assert starts[1] - ends[0] < 0.25, (starts, ends)  # 0.5 s if the refill waited a quarter of the 2 s call

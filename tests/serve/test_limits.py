@@ -156,3 +156,29 @@ def test_the_longest_request_the_line_limits_allow_fits_the_body_limit():
     widest = json.dumps({"text": ["\U0001F600" * options.max_chars] * options.max_lines,
                          "glossary": {"Hund": "dog"}, "format": "lines"})
     assert options.max_chars * options.max_lines * 12 <= len(widest) <= max_body(options)
+
+
+def test_a_client_sending_a_body_far_over_the_limit_reads_its_413_rather_than_a_reset(checkpoint):
+    """Clients send a whole body before they read the answer: the server, having answered 413 without reading it,
+    reads on (discarding it) until the client is done, so that the client sees the 413, not a reset connection;
+    whether it declared its length or sent it in chunks (requests, as deep-translator sends; and a bare socket)."""
+    import requests
+
+    app = serve_app(checkpoint, max_lines=2, max_chars=10)
+    limit = max_body(app.state.options)
+    body = b" " * (40 * limit)  # 40 MiB
+
+    def chunks():
+        for start in range(0, len(body), 2 ** 20):
+            yield body[start:start + 2 ** 20]
+
+    with serving(app) as port:
+        url = f"http://127.0.0.1:{port}/v1/translate"
+        for content in (body, chunks()):
+            answer = requests.post(url, data=content, headers={"Content-Type": "application/json"}, timeout=30)
+            assert answer.status_code == 413 and "the limit is" in answer.json()["error"]
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: mt\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            assert error_of(read_to_end(sock))[0] == 413
+        assert requests.post(url, json={"text": ["der hund"]}, timeout=30).status_code == 200
