@@ -88,7 +88,7 @@ class FrozenLinear(nn.Module):
 
     def packed(self, weight_t: Tensor) -> Tensor:
         """The weight in oneDNN's layout, packed at first use and again if `weight_t` is replaced or written to."""
-        key = (weight_t.data_ptr(), weight_t._version)
+        key = (weight_t.data_ptr(), -1 if weight_t.is_inference() else weight_t._version)  # inference: none kept
         if self._packed is None or self._packed[0] != key:
             self._packed = (key, pack_for_onednn(weight_t.t()))
         return self._packed[1]

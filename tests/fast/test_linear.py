@@ -193,3 +193,16 @@ def test_a_frozen_layer_packs_its_weight_again_when_it_changes_and_copies_withou
         frozen.load_state_dict({"weight_t": plain.weight.t(), "bias": plain.bias})
         torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(copy.deepcopy(frozen)(x), plain(x), rtol=1e-5, atol=1e-4)
+
+
+def test_a_layer_frozen_in_inference_mode_multiplies_through_onednn(monkeypatch):
+    """A model frozen under torch.inference_mode (an ensemble's members, a server's warm-up) has weights that keep
+    no version counter: oneDNN's packed copy is keyed without one."""
+    force_cpu_matmul(monkeypatch, "onednn")
+    plain = nn.Linear(64, 32)
+    with torch.inference_mode():
+        frozen = mt.fast.frozen.FrozenLinear(plain)
+        x = torch.randn(8, 64)
+        torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(x), plain(x), rtol=1e-5, atol=1e-5)
