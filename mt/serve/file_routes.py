@@ -11,14 +11,13 @@ other requests, within --timeout.
 from __future__ import annotations
 
 import asyncio
-import io
 import mimetypes
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
-from mt.data.lines import read_lines
+from mt.decode.translate import document_lines
 from mt.documents.formats import FILE_FORMATS, format_of, read_document, read_file
 from mt.documents.sentences import Document
 from mt.errors import ApiError, MtError
@@ -91,10 +90,11 @@ def add_file_routes(app: FastAPI, store: FileStore) -> None:
 
 
 def read_upload(fmt: str, data: bytes, name: str) -> Document:
-    """The upload's document: a file format's from its bytes, a text format's from its UTF-8 lines."""
+    """The upload's document: a file format's from its bytes, a text format's from its UTF-8 lines, as `mt translate
+    --format` reads a file (its byte-order mark kept, bound by the upload's size, not a line's)."""
     if fmt in FILE_FORMATS:
         return read_file(fmt, data, name)
-    return read_document(fmt, list(read_lines(io.BytesIO(data), empty_ok=True, name=name)), name)
+    return read_document(fmt, document_lines(data, "strict", name), name)
 
 
 def check_text(document: Document, name: str, limit: int) -> None:

@@ -276,7 +276,8 @@ def test_mt_serve_reads_subtitles_as_mt_translate_does_bom_and_all(model_path, t
                           "--beam", "1")
     assert result.exit_code == 0, result.output
     out = (tmp_path / "out.srt").read_text(encoding="utf-8")
-    assert answer.json()["translations"][0]["text"] + "\n" == out and out.startswith("\ufeff1\n")
+    # a file keeps its byte-order mark; a JSON string carries none (mt serve drops it, tests/serve/test_parts.py)
+    assert "\ufeff" + answer.json()["translations"][0]["text"] + "\n" == out and out.startswith("\ufeff1\n")
     assert [(start, end) for start, end, _ in cues(out)] == [(start, end) for start, end, _ in cues(SUBTITLES)]
 
 
