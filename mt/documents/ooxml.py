@@ -48,9 +48,9 @@ class Office:
 
 
 WORD = Office("Word document", "word/document.xml", ("wordprocessingml", "ms-word"),
-              frozenset("main header footer footnotes endnotes comments".split()))
+              frozenset("main header footer footnotes endnotes comments chart".split()))
 POWERPOINT = Office("PowerPoint presentation", "ppt/presentation.xml", ("presentationml", "ms-powerpoint"),
-                    frozenset("slide notesSlide diagramData diagramDrawing".split()),
+                    frozenset("slide notesSlide diagramData diagramDrawing chart".split()),
                     frozenset("slideLayout slideMaster notesMaster".split()))
 
 
@@ -66,7 +66,8 @@ class Field:
 def docx_document(data: bytes, name: str) -> Document:
     parts = read_zip(data, name, WORD.kind)
     units = [(part, runs) for part, _ in text_parts(parts, name, WORD)
-             for p in part.tree.iter(W + "p") for runs in word_lines(p)]
+             for p in part.tree.iter(W + "p", A + "p")  # a chart's titles are DrawingML paragraphs
+             for runs in (word_lines(p) if p.tag == W + "p" else slide_lines(p))]
     return zip_document(data, [runs_section(units)])
 
 

@@ -277,3 +277,27 @@ def test_a_powerpoint_file_is_translated_slide_by_slide_with_its_notes_and_keeps
     changed = assert_only_text_changed(source, out)
     assert changed == {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml", "ppt/notesSlides/notesSlide1.xml",
                        "ppt/slideLayouts/slideLayout2.xml"}
+
+
+def test_a_charts_title_is_translated_and_its_data_kept():
+    """A chart's titles are visible text (DrawingML paragraphs in its own part); its categories and values are
+    data, kept as they are."""
+    from pptx.chart.data import CategoryChartData
+    from pptx.enum.chart import XL_CHART_TYPE
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[6])
+    data = CategoryChartData()
+    data.categories = ["Q1", "Q2"]
+    data.add_series("Sales", (1.0, 2.0))
+    chart = slide.shapes.add_chart(XL_CHART_TYPE.COLUMN_CLUSTERED, Inches(1), Inches(1), Inches(4), Inches(3),
+                                   data).chart
+    chart.has_title = True
+    chart.chart_title.text_frame.text = "Sales grew in spring."
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    out = translated_file("pptx", buffer.getvalue())
+    after = pptx.Presentation(io.BytesIO(out)).slides[0].shapes[0].chart
+    assert after.chart_title.text_frame.text == "SALES GREW IN SPRING."
+    assert list(after.plots[0].categories) == ["Q1", "Q2"] and after.series[0].name == "Sales"
+    assert list(after.series[0].values) == [1.0, 2.0]
