@@ -21,12 +21,12 @@ from mt.serve.checks import check_glossary, check_key, check_lines, header_key
 from mt.serve.libretranslate import Query, body_key, fields, parse, respond, texts
 from mt.serve.translating import (
     Served,
-    document_lines,
     labels,
     not_placed,
     plan_parts,
     read_documents,
     render,
+    request_lines,
     settings,
     translate,
     translate_documents,
@@ -76,7 +76,7 @@ def add_libretranslate_routes(app: FastAPI) -> None:
         check_key(options, body_key(body) or header_key(request))
         query = parse(body)
         check_lines(query.lines, options)
-        documents = await read_documents(lambda: [read_document("html", document_lines(text), f"text {i + 1}")
+        documents = await read_documents(lambda: [read_document("html", request_lines(text), f"text {i + 1}")
                                                   for i, text in enumerate(query.lines)]) \
             if query.format == "html" else None
         if query.source == "auto":

@@ -75,7 +75,7 @@ async def plan_parts(app: FastAPI, served: Served, texts: list[str], names: list
         raise ApiError(400, str(error)) from None
 
 
-def document_lines(text: str) -> list[str]:
+def request_lines(text: str) -> list[str]:
     """A request's text as `mt translate --format` reads a file's lines: without a leading byte-order mark, cut at
     each "\n", a "\r" before it dropped."""
     return text.removeprefix("\ufeff").replace("\r\n", "\n").split("\n")
@@ -86,7 +86,7 @@ async def translate_texts(app: FastAPI, request: Request, served: Served, texts:
     """Each of `texts` translated as a document of text format `fmt`, each text checked as a line is; and the
     warnings."""
     check_lines(texts, app.state.options)
-    documents = await read_documents(lambda: [read_document(fmt, document_lines(text), f"text {i + 1}")
+    documents = await read_documents(lambda: [read_document(fmt, request_lines(text), f"text {i + 1}")
                                               for i, text in enumerate(texts)])
     return await translate_documents(app, request, served, documents, settings, endpoint, labels(len(texts)))
 
