@@ -295,6 +295,7 @@ def part_run(part: Part) -> None:
 
     plan = part.plan
     out = part.work / "run"
+    shutil.rmtree(out, ignore_errors=True)  # a run an earlier gpu-bench left in --work: this one starts afresh
     config = {"data": str(part.data), "model": {**PRESETS[plan.preset], "dropout": 0.1, "max_len": 256},
               "train": {"max_tokens": plan.run_tokens, "precision": plan.precision, "device": plan.device,
                         "max_epochs": plan.run_epochs, "max_steps": plan.run_steps or 10**9, "max_minutes": 0,

@@ -35,6 +35,7 @@ def test_real_batches_are_the_corpus_first_ones_that_every_process_can_share(tmp
     assert model.tgt_vocab_size > max(int(b.tgt_out.max()) for b in batches)
 
 
+@pytest.mark.slow  # 25 s: four processes importing torch and transformers
 def test_every_system_trains_on_the_real_batches_one_process_and_per_core(tmp_path):
     pytest.importorskip("transformers")
     data = prepare_corpus(tmp_path)

@@ -1,6 +1,6 @@
 """`make gpu-bench` (benchmarks/gpu_bench.py): its plan is the GPU issue's settings scaled by the budget, a run's
 first epoch is weighed against its later ones, a part past its time is stopped with what it printed kept, nothing
-runs without CUDA, and on a CPU, with the tiny preset, every part runs end to end into one well-formed report."""
+runs without CUDA, and (slow) on a CPU, with the tiny preset, every part runs end to end into one well-formed report."""
 
 import dataclasses
 import importlib.util
@@ -102,6 +102,7 @@ def test_without_cuda_it_says_so_in_one_line_runs_nothing_and_exits_0(tmp_path, 
     assert not (tmp_path / "report.json").exists()
 
 
+@pytest.mark.slow  # 80 s on a 2 GHz core, most of it six processes importing torch and transformers
 def test_every_part_runs_end_to_end_on_a_cpu_into_one_report(mirror, tmp_path):
     """The tiny plan on the real Multi30k: each part in its process, mt and Marian side by side, every result a JSON
     line on stdout and a record of the report."""

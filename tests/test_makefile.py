@@ -105,6 +105,7 @@ def test_the_channel_recipe_trains_each_direction_not_yet_reported_then_reranks_
     assert ".venv/bin/mt report runs/multi30k_de_en_s7 --checkpoint runs/multi30k_de_en_s7/final.channel.pt" in commands
 
 
+@pytest.mark.slow  # a minute: three processes importing torch, transformers and CTranslate2
 @needs_make
 def test_bench_compare_times_mt_beside_hugging_face_and_ctranslate2_on_the_same_workload():
     pytest.importorskip("ctranslate2")

@@ -2,6 +2,7 @@
 language it goes to, both ways trained, either way translated (`--to`), tuned and reported."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from mt.errors import MtError
 from mt.export.convert import export
 from mt.report import report_run
 
-from .conftest import LEXICON, assert_refused, train_until, write_corpus
+from .conftest import LEXICON, assert_refused, made_once, train_until, write_corpus
 from .test_makefile import dry_run, needs_make
 
 GERMAN, ENGLISH = set(LEXICON), set(LEXICON.values())
@@ -34,32 +35,38 @@ pytestmark = pytest.mark.numerics  # the model is trained here: make test runs t
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    return write_corpus(tmp_path_factory.mktemp("two_way"), n_train=400, n_valid=20)
+    """The synthetic corpus, with data/ (prepared two-way) and run/ (a tiny de↔en model trained on it until it
+    translates it both ways) inside: made once for both passes of make test (`made_once`); tests only read it."""
+    return made_once(tmp_path_factory, "two-way", make_run, lambda root: both_ways(root / "run", root))
 
 
 @pytest.fixture(scope="module")
 def data(corpus):
-    out = corpus / "data"
-    prepare(out, "de", "en", train=str(corpus / "train"), valid=str(corpus / "valid"), test=str(corpus / "valid"),
-            vocab_size=40, two_way=True, progress=False)
-    return out
+    return corpus / "data"
 
 
 @pytest.fixture(scope="module")
-def run(data, corpus):
-    """A tiny de↔en model trained on the synthetic corpus both ways, until it translates it both ways."""
-    cfg = Config(data=str(data), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2, d_ff=64,
-                                                   dropout=0.0, max_len=64))
+def run(corpus):
+    return corpus / "run"
+
+
+def make_run(root) -> None:
+    write_corpus(root, n_train=400, n_valid=20)
+    prepare(root / "data", "de", "en", train=str(root / "train"), valid=str(root / "valid"), test=str(root / "valid"),
+            vocab_size=40, two_way=True, progress=False)
+    cfg = Config(data=str(root / "data"), model=ModelConfig(d_model=32, n_heads=4, n_enc_layers=2, n_dec_layers=2,
+                                                            d_ff=64, dropout=0.0, max_len=64))
     cfg.train.max_tokens, cfg.train.warmup, cfg.train.lr = 256, 20, 5e-3
     cfg.train.valid_bleu, cfg.train.threads, cfg.train.valid_every, cfg.train.two_way = False, 1, 500, True
-    german, english = read_text(corpus / "valid.de"), read_text(corpus / "valid.en")
+    train_until(cfg, root / "run", 250, lambda run: both_ways(run, root), f"translate both ways past {BLEU} BLEU, "
+                "into the language asked for", rounds=12)
 
-    def both_ways(run) -> bool:  # what the tests ask of it: the BLEU, and not a word of the source language
-        return all(translates(translated(run / "last.pt", lines, to), refs, wrong)
-                   for lines, to, refs, wrong in ((german, None, english, GERMAN), (english, "de", german, ENGLISH)))
-    train_until(cfg, data.parent / "run", 250, both_ways, f"translate both ways past {BLEU} BLEU, into the language "
-                "asked for", rounds=12)
-    return data.parent / "run"
+
+def both_ways(run, corpus) -> bool:
+    """What the tests ask of the model: the BLEU, and not a word of the source language, either way."""
+    german, english = read_text(corpus / "valid.de"), read_text(corpus / "valid.en")
+    return all(translates(translated(run / "last.pt", lines, to), refs, wrong)
+               for lines, to, refs, wrong in ((german, None, english, GERMAN), (english, "de", german, ENGLISH)))
 
 
 BLEU = 25  # on the synthetic valid set, greedy: "the" is der, die or das, so never all right
@@ -136,7 +143,9 @@ def test_a_direction_the_model_has_not_learned_is_refused_naming_those_it_has(ru
         load_model(tmp_path / "one_way.pt", to="de")
 
 
-def test_tune_to_writes_a_checkpoint_of_the_other_direction_that_report_scores_on_the_swapped_test(run, data):
+def test_tune_to_writes_a_checkpoint_of_the_other_direction_that_report_scores_on_the_swapped_test(run, data,
+                                                                                                    tmp_path):
+    run = shutil.copytree(run, tmp_path / "run")  # the shared run stays as trained
     results = tune_checkpoint(run / "last.pt", run / "final.en-de.pt", None, None, "1", "1.0", "cpu",
                               progress=False, to="de")
     turned = checkpoint.load(run / "final.en-de.pt")

@@ -29,8 +29,6 @@ from mt.export.from_marian import import_marian
 
 from ..conftest import assert_refused, made_once, tiny_model, write_corpus
 
-pytestmark = pytest.mark.numerics
-
 transformers = pytest.importorskip("transformers")
 
 MAX_OUTPUT = 30  # output tokens, EOS included, for mt and for generate alike
@@ -176,12 +174,14 @@ def mt_translates(path: Path, lines: list[str], beam: int) -> list[list[int]]:
     return outputs
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("beam", [1, 4])
 def test_mt_translates_token_for_token_as_marian_generates(marian, beam):
     directory, path, lines, _ = marian
     assert mt_translates(path, lines, beam) == marian_generates(directory, lines, beam)
 
 
+@pytest.mark.numerics
 def test_logits_are_marians_on_a_padded_batch(marian):
     from transformers import MarianMTModel, MarianTokenizer
 
@@ -204,6 +204,7 @@ def test_logits_are_marians_on_a_padded_batch(marian):
     assert (loaded.model.output.bias[[i for i, marian in enumerate(ids["tgt"]) if marian < 0]] < -100).all()
 
 
+@pytest.mark.numerics
 def test_its_ctranslate2_export_translates_as_mt_does(marian, tmp_path):
     """Swish and the output bias reach CTranslate2 too."""
     pytest.importorskip("ctranslate2")
@@ -342,6 +343,7 @@ def test_what_mt_cannot_compute_is_refused_in_one_line_and_nothing_is_written(op
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.numerics
 def test_a_stored_sinusoid_table_in_float16_is_marians_own(opus, tmp_path):
     """Older files (OPUS-MT's pytorch_model.bin) keep the position table, and in float16: it is the sinusoids."""
     table = marian_positions(64, 32).half()

@@ -23,8 +23,6 @@ from mt.train.resume import resume_config
 
 from ..conftest import prepare_corpus
 
-pytestmark = pytest.mark.numerics
-
 ROOT = Path(__file__).resolve().parents[2]
 needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not available")
@@ -126,6 +124,7 @@ def assert_close_weights(a: dict, b: dict) -> None:
         torch.testing.assert_close(tensor, b[name], rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.numerics  # weights one process and two agree on within fp32 rounding
 @needs_gloo
 def test_two_processes_train_as_one_with_the_same_effective_batch(prepared, tmp_path):
     # One process, accumulate 4: 8 steps, a checkpoint at step 4.
