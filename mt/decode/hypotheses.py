@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from mt.data.tokenizer import EOS, PAD
+from mt.fast.row_max import row_max
 
 
 @dataclass
@@ -72,6 +73,18 @@ def next_token_logprobs(logits: Tensor, bar_eos: bool, at_limit: Tensor) -> Tens
         logp[at_limit] = -torch.inf
         logp[at_limit, EOS] = 0.0
     return logp
+
+
+def next_token_best(logits: Tensor, bar_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+    """The log-probability and id (B,) of each row's most likely next token, as `next_token_logprobs(...).max(-1)`
+    gives them, without writing the whole vocabulary's log-probabilities: what greedy search needs. Changes
+    `logits` in place (barring EOS)."""
+    logits = logits.float()
+    norm = torch.logsumexp(logits, dim=-1)  # over every token, EOS included, as log_softmax normalises
+    if bar_eos:
+        logits[:, EOS] = -torch.inf
+    best, tokens = row_max(logits)
+    return best.sub_(norm).masked_fill_(at_limit, 0.0), tokens.masked_fill_(at_limit, EOS)
 
 
 def until_eos(tokens: list[int]) -> list[int]:

@@ -33,7 +33,15 @@ from mt.data.tokenizer import BOS, EOS, PAD
 from mt.decode.constrained import Constraints
 from mt.decode.constrained_search import constrained_beam_search
 from mt.decode.few_rows import few_beam_search, few_greedy
-from mt.decode.hypotheses import Hypothesis, candidates, length_penalty, max_lengths, next_token_logprobs, until_eos
+from mt.decode.hypotheses import (
+    Hypothesis,
+    candidates,
+    length_penalty,
+    max_lengths,
+    next_token_best,
+    next_token_logprobs,
+    until_eos,
+)
 from mt.device import attention_kernels
 from mt.device import autocast as device_autocast
 from mt.model.cache import DecoderCache
@@ -95,8 +103,7 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
     done = torch.zeros(n, dtype=torch.bool, device=src.device)  # rows that ended and decode on, ignored
     for step in range(steps):
         logits, cache = model.decode_step(tokens, cache)
-        logp = next_token_logprobs(logits, step < min_len, limit[active] <= step + 1)
-        best, tokens = logp.max(dim=-1)
+        best, tokens = next_token_best(logits, step < min_len, limit[active] <= step + 1)
         tokens, best = tokens.masked_fill(done, EOS), best.masked_fill(done, 0.0)
         out[active, step] = tokens
         logprob[active] += best

@@ -14,7 +14,8 @@ The rooms, one a kernel or a kind of layer:
   layers on a batch's real tokens only);
 - decoding: frozen.py (`FrozenLinear`, weights stored transposed or packed for oneDNN; int8), attention.py
   (`matmul_attention` in decoding steps), compiled.py (`--compile`), native_step.py with native_layout.py,
-  native_step.c and native_search.c (the decoding step and the encoder in C for a few rows, fp32 or int8).
+  native_step.c and native_search.c (the decoding step and the encoder in C for a few rows, fp32 or int8),
+  row_max.py (each row's best token for greedy search, by blocks where that is the faster).
 
 Switches (environment variables):
 - `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
