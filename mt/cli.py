@@ -388,11 +388,14 @@ def serve(
     from mt.serve.app import run
     from mt.serve.checks import api_keys
 
-    run(checkpoints, name or [], ServeOptions(host, port, precision, device, api_keys(api_key or [], api_keys_file),
-                                              cors or [], max_chars, max_lines, max_waiting, timeout, batching, threads,
-                                              compile, client_timeout, max_connections, files, max_file_bytes,
-                                              file_ttl, max_files, max_stored_bytes, max_sentences, max_beam,
-                                              max_glossary_terms, max_sentence_terms))
+    options = ServeOptions(
+        host=host, port=port, precision=precision, device=device, api_keys=api_keys(api_key or [], api_keys_file),
+        cors=cors or [], max_chars=max_chars, max_lines=max_lines, max_waiting=max_waiting, timeout=timeout,
+        batching=batching, threads=threads, compile=compile, client_timeout=client_timeout,
+        max_connections=max_connections, files=files, max_file_bytes=max_file_bytes, file_ttl=file_ttl,
+        max_files=max_files, max_stored_bytes=max_stored_bytes, max_sentences=max_sentences, max_beam=max_beam,
+        max_glossary_terms=max_glossary_terms, max_sentence_terms=max_sentence_terms)
+    run(checkpoints, name or [], options)
 
 
 @app.command()

@@ -3,8 +3,9 @@ mt/fast/): for greedy search, which asks it of every step's logits.
 
 PyTorch's CPU reduction with indices runs element by element, while its plain maximum (`amax`) runs in vector
 registers; `by_blocks` takes the maxima of blocks of `BLOCK` entries, the first block holding the row's maximum,
-and the first index of that maximum inside it. Which of the two is the faster is measured on this machine for each
-kind of shape (mt/fast/choose.py). Both give the same values and indices, NaN aside.
+and the first index of that maximum inside it (the chunk maxima of mt/decode/hypotheses.py's `top_tokens`, which
+beam search asks for the k best, where ties may come in any order). Which of the two is the faster is measured on
+this machine for each kind of shape (mt/fast/choose.py). Both give the same values and indices, NaN aside.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def by_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
     best, block = blocks.max(dim=-1)  # the first block holding each row's maximum
     start = block * BLOCK
     at = (start[:, None] + torch.arange(BLOCK, device=x.device)).clamp_(max=width - 1)  # a short last block repeats
-    first = (x.gather(1, at) == best[:, None]).to(torch.uint8).argmax(dim=-1)  # its last index, after the first
+    first = (x.gather(1, at) == best[:, None]).to(torch.uint8).argmax(dim=-1)  # a repeated last index comes after
     return best, start + first
 
 
