@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mt.fast.choose import choice, rows_class
+from mt.fast.choose import Kept, choice, rows_class
 from mt.fast.dropout import dropout
 from mt.model.transformer import attention
 
@@ -36,7 +36,7 @@ def cpu_training_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     return attention(q, k, v, mask, p_drop, causal)
 
 
-_steps_faster: dict[tuple, bool] = {}  # kind of shape → whether the step-by-step attention was measured the faster
+_steps_faster = Kept()  # kind of shape → whether the step-by-step attention was measured the faster
 
 
 def steps_faster(q: Tensor, k: Tensor, mask: Tensor | None, p_drop: float, causal: bool) -> bool:
@@ -47,7 +47,8 @@ def steps_faster(q: Tensor, k: Tensor, mask: Tensor | None, p_drop: float, causa
     kernel's fixed costs outweigh its work (machine B, docs/performance.md)."""
     kind = (str(q.dtype).removeprefix("torch."), rows_class(q.size(0) * q.size(1)), rows_class(q.size(-2)),
             rows_class(k.size(-2)), q.size(-1), mask is not None, p_drop > 0, causal, torch.get_num_threads())
-    if kind not in _steps_faster:
+    faster = _steps_faster.get(kind)
+    if faster is None:
         dtype, rows, queries, keys, width = kind[0], kind[1], kind[2], kind[3], kind[4]
         generator = torch.Generator().manual_seed(0)
         tensors = [torch.randn(rows, 1, n, width, generator=generator).to(q.dtype) for n in (queries, keys, keys)]
@@ -64,6 +65,7 @@ def steps_faster(q: Tensor, k: Tensor, mask: Tensor | None, p_drop: float, causa
         question = (f"training attention {dtype}, {rows} rows of {queries} queries by {keys} keys of {width}"
                     f"{', masked' if mask is not None else ''}{', dropout' if p_drop > 0 else ''}"
                     f"{', causal' if causal else ''}, {kind[-1]} threads")
-        _steps_faster[kind] = choice(question, {"fused": forward_backward(attention),
-                                                "steps": forward_backward(matmul_attention)}) == "steps"
-    return _steps_faster[kind]
+        faster = _steps_faster.keep(kind, choice(question, {"fused": forward_backward(attention),
+                                                            "steps": forward_backward(matmul_attention)}) == "steps",
+                                    question)
+    return faster

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -30,7 +31,9 @@ ROUNDS = 5  # timings of each candidate, alternating; the median counts
 SLICE_S = 0.002  # calls are repeated until one timing takes at least this long
 CLOSE = 0.03  # a candidate must be this much faster than the first named (the default) to be chosen
 STEADY = 2.0  # a candidate's slowest timing over its fastest, above which the machine was busy: measured again ...
-TRIES = 3  # ... this many times, then the default is used and nothing kept, for a quieter process to decide
+TRIES = 3  # ... this many times, then the default is used for now and nothing kept ...
+RETRY_S = 30.0  # ... until the question's first use this many seconds later, which times it again
+clock = time.monotonic  # what RETRY_S is counted on (tests move it on)
 
 
 def machine() -> dict[str, str]:
@@ -51,7 +54,7 @@ def path() -> Path:
 LOCK = threading.RLock()  # one measurement at a time in a process: a measurement may ask for another's choice
 _made: dict[Path, dict[str, dict]] = {}  # the choices read or made in this process, per file
 _asked: dict[str, None] = {}  # the questions this process asked, in order: what `mt bench` reports
-_busy: dict[str, str] = {}  # questions this process could not time steadily: the default, for this process only
+_busy: dict[str, float] = {}  # questions this process could not time steadily → when they may be timed again
 
 
 def remembered(file: Path) -> dict[str, dict]:
@@ -72,9 +75,10 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
         _asked.setdefault(question)
         known = remembered(file).get(question)
         if known is not None and known.get("choice") in candidates:
+            _busy.pop(question, None)  # another process has since answered it
             return known["choice"]
         first = next(iter(candidates))
-        if question in _busy:
+        if clock() < _busy.get(question, 0.0):
             return first
         for _ in range(TRIES):
             with torch.random.fork_rng(devices=[]):  # measuring draws nothing from the run's random stream
@@ -82,11 +86,30 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
             if times is not None:
                 break
         else:  # another process kept the cores busy throughout: timings that would mislead every later run
-            _busy[question] = first
+            _busy[question] = clock() + RETRY_S
             return first
+        _busy.pop(question, None)
         best = min(times, key=times.get)
         chosen = best if times[best] < times[first] * (1 - CLOSE) else first
         return keep(file, question, {"choice": chosen, "ms": {k: round(v * 1e3, 4) for k, v in times.items()}})
+
+
+class Kept:
+    """A caller's answers by its own key (a kind of shape), so that it asks `choice` once, not at every call: each
+    kept for good once measured; a busy machine's default only until its question may be timed again, so that a long
+    run's later steps get the faster kernel."""
+
+    def __init__(self):
+        self.answers: dict[object, tuple[object, float]] = {}  # key → (answer, until when it counts)
+
+    def get(self, key: object) -> object | None:
+        answer, until = self.answers.get(key, (None, 0.0))
+        return answer if clock() < until else None
+
+    def keep(self, key: object, answer: object, *questions: str) -> object:
+        """Keeps and returns `answer`, made from `questions`' choices."""
+        self.answers[key] = (answer, min((_busy.get(q, math.inf) for q in questions), default=math.inf))
+        return answer
 
 
 def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float] | None:

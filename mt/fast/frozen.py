@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from mt.fast.choose import rows_class
+from mt.fast.choose import Kept, rows_class
 from mt.fast.linear import decoding_kernel, onednn_mm, pack_for_onednn, plain_cpu_fp32, relinked
 
 
@@ -56,7 +56,7 @@ class FrozenLinear(nn.Module):
         self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
         self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
         self._packed: tuple[tuple[int, int], Tensor] | None = None  # (weight_t's address and version, packed)
-        self._kernels: dict[tuple[int, int], bool] = {}  # (rows class, threads) → whether oneDNN takes the product
+        self._kernels = Kept()  # (rows class, threads) → whether oneDNN takes the product
 
     def forward(self, x: Tensor) -> Tensor:
         weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
@@ -73,8 +73,8 @@ class FrozenLinear(nn.Module):
         known = self._kernels.get(key)
         if known is None:
             weight_t = self.weight_t
-            known = self._kernels[key] = decoding_kernel(weight_t, key[0],
-                                                         lambda: pack_for_onednn(weight_t.t())) == "onednn"
+            kernel, asked = decoding_kernel(weight_t, key[0], lambda: pack_for_onednn(weight_t.t()))
+            known = self._kernels.keep(key, kernel == "onednn", *asked)
         return known
 
     def first_onednn_rows(self, most: int = 1024) -> int | None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mt.fast.choose import choice
+from mt.fast.choose import Kept, choice
 
 CHOICES = ("auto", "mkl", "onednn")
 
@@ -65,29 +65,30 @@ def kernel_note() -> str:
     return "the faster of MKL and oneDNN as measured" if onednn_available() else "MKL"
 
 
-def decoding_kernel(weight_t: Tensor, rows: int, packed: Callable[[], Tensor]) -> str:
+def decoding_kernel(weight_t: Tensor, rows: int, packed: Callable[[], Tensor]) -> tuple[str, list[str]]:
     """"mkl" or "onednn", the faster on this machine for `rows` inputs against weight_t, (in, out) as `FrozenLinear`
-    holds it, oneDNN multiplying by its packed copy (`packed()`)."""
+    holds it, oneDNN multiplying by its packed copy (`packed()`); and the questions asked of mt/fast/choose.py."""
     kernel = forced()
     if kernel is not None or not onednn_available():
-        return kernel or "mkl"
+        return kernel or "mkl", []
     n_in, out = weight_t.shape
     x, bias = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(0)), torch.zeros(out)
     weight = packed()
-    return choice(f"decoding linear {n_in}x{out}, {rows} rows, {torch.get_num_threads()} threads",
-                  {"mkl": lambda: torch.addmm(bias, x, weight_t), "onednn": lambda: onednn_mm(x, weight, bias)})
+    question = f"decoding linear {n_in}x{out}, {rows} rows, {torch.get_num_threads()} threads"
+    return choice(question, {"mkl": lambda: torch.addmm(bias, x, weight_t),
+                             "onednn": lambda: onednn_mm(x, weight, bias)}), [question]
 
 
 TRAINING_ROWS = 512  # a batch's products are timed at this many rows: a few milliseconds, the speed of thousands
-_training: dict[tuple, bool] = {}  # (weight shape, threads) → whether oneDNN trains it, as `training_kernel` chose
+_training = Kept()  # (weight shape, threads, forced) → whether oneDNN trains it, as `training_kernel` chose
 
 
-def training_kernel(weight: Tensor) -> str:
+def training_kernel(weight: Tensor) -> tuple[str, list[str]]:
     """"mkl" or "onednn", the faster on this machine for training's three products with `weight` (out, in): the
-    forward, the input's gradient and the weight's."""
+    forward, the input's gradient and the weight's; and the questions asked of mt/fast/choose.py."""
     kernel = forced()
     if kernel is not None or not onednn_available():
-        return kernel or "mkl"
+        return kernel or "mkl", []
     out, n_in = weight.shape
     generator = torch.Generator().manual_seed(0)
     w, x, g = (weight.detach(), torch.randn(TRAINING_ROWS, n_in, generator=generator),
@@ -99,9 +100,9 @@ def training_kernel(weight: Tensor) -> str:
     def onednn():
         return onednn_mm(x, w), onednn_mm(g, w.t()), onednn_weight_grad(g, x)
 
+    question = f"training linear {n_in}x{out}, {torch.get_num_threads()} threads"
     with torch.no_grad():
-        return choice(f"training linear {n_in}x{out}, {torch.get_num_threads()} threads",
-                      {"mkl": mkl, "onednn": onednn})
+        return choice(question, {"mkl": mkl, "onednn": onednn}), [question]
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -149,9 +150,11 @@ def trains_on_onednn(x: Tensor, weight: Tensor) -> bool:
     if not plain_cpu_fp32(x, weight):
         return False
     key = (tuple(weight.shape), torch.get_num_threads(), forced())
-    if key not in _training:
-        _training[key] = training_kernel(weight) == "onednn"
-    return _training[key]
+    onednn = _training.get(key)
+    if onednn is None:
+        kernel, asked = training_kernel(weight)
+        onednn = _training.keep(key, kernel == "onednn", *asked)
+    return onednn
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from mt.data.tokenizer import PAD
 from mt.device import cache_dir
 from mt.errors import MtError
-from mt.fast.choose import choice
+from mt.fast.choose import Kept, choice
 from mt.fast.contract import NATIVE_ENCODE, NATIVE_STEP
 from mt.fast.native_layout import Layout, Unreadable, supported
 from mt.model.cache import DecoderCache
@@ -201,7 +201,7 @@ def shape_of(model: Transformer, part: str) -> str:
     return f"{layers} layers of {cfg.d_model}x{cfg.d_ff}, {cfg.n_heads} heads, {cfg.norm}-norm, vocabulary {vocab}"
 
 
-def measured_limit(fixed: int | None, limits: dict[int, int], question: str, sizes: tuple[int, ...],
+def measured_limit(fixed: int | None, limits: Kept, question: str, sizes: tuple[int, ...],
                    plain: Callable[[int], Callable[[], object]], native: Callable[[int], Callable[[], object]]) -> int:
     """`fixed` if set; else the largest of `sizes` (ascending) up to which the C code is measured the faster at each
     size, 0 if at none, once for each thread count (kept in `limits`). `question` names the part, its shape and the
@@ -209,16 +209,18 @@ def measured_limit(fixed: int | None, limits: dict[int, int], question: str, siz
     if fixed is not None:
         return fixed
     threads = torch.get_num_threads()
-    if threads not in limits:
+    limit = limits.get(threads)
+    if limit is None:
         part, _, unit = question.rpartition(", ")
-        limits[threads] = 0
+        limit, asked = 0, []
         with torch.inference_mode():
             for size in sizes:
-                if choice(f"{part}, {threads} threads, {unit}, {size}", {"pytorch": plain(size),
-                                                                         "c": native(size)}) != "c":
+                asked.append(f"{part}, {threads} threads, {unit}, {size}")
+                if choice(asked[-1], {"pytorch": plain(size), "c": native(size)}) != "c":
                     break
-                limits[threads] = size
-    return limits[threads]
+                limit = size
+        limits.keep(threads, limit, *asked)
+    return limit
 
 
 # Rows timed for the C step's crossover, and source positions (sentences of 16) for the encoder's
@@ -233,7 +235,7 @@ class NativeDecodeStep:
     def __init__(self, model: Transformer, precision: str, max_rows: int | None = None):
         self.model, self.plain = model, model.decode_step
         self.max_rows, self.precision = max_rows, precision
-        self.limits: dict[int, int] = {}  # threads → the most rows it takes, measured
+        self.limits = Kept()  # threads → the most rows it takes, measured
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
         lib = library()
         self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
@@ -333,7 +335,7 @@ class NativeEncode:
 
     def __init__(self, model: Transformer, precision: str, max_rows: int | None = None):
         self.model, self.plain, self.max_rows, self.precision = model, model.encode, max_rows, precision
-        self.limits: dict[int, int] = {}  # threads → the most source positions it takes, measured
+        self.limits = Kept()  # threads → the most source positions it takes, measured
         lib = library()
         self.encode = lib.mt_encode
         self.weights = Layout(model, precision, "encoder", lib)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mt.fast.choose import choice, rows_class
+from mt.fast.choose import Kept, choice, rows_class
 from mt.fast.paths import enabled
 
 BLOCK = 64
 
-_blocks_faster: dict[tuple, bool] = {}  # (dtype, rows class, width, threads) → whether `by_blocks` was the faster
+_blocks_faster = Kept()  # (dtype, rows class, width, threads) → whether `by_blocks` was the faster
 
 
 def row_max(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -44,9 +44,10 @@ def by_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
 
 def blocks_faster(x: Tensor) -> bool:
     kind = (str(x.dtype).removeprefix("torch."), rows_class(x.size(0)), x.size(1), torch.get_num_threads())
-    if kind not in _blocks_faster:
+    faster = _blocks_faster.get(kind)
+    if faster is None:
         sample = torch.randn(kind[1], kind[2], generator=torch.Generator().manual_seed(0)).to(x.dtype)
         question = f"row maximum {kind[0]}, {kind[1]} rows of {kind[2]}, {kind[3]} threads"
-        _blocks_faster[kind] = choice(question, {"torch": lambda: sample.max(dim=-1),
-                                                 "blocks": lambda: by_blocks(sample)}) == "blocks"
-    return _blocks_faster[kind]
+        chosen = choice(question, {"torch": lambda: sample.max(dim=-1), "blocks": lambda: by_blocks(sample)})
+        faster = _blocks_faster.keep(kind, chosen == "blocks", question)
+    return faster

@@ -4,12 +4,14 @@ the test sets, so that no verdict depends on this CPU."""
 
 import copy
 import re
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import mt.fast.choose
 import mt.fast.frozen
 import mt.fast.linear
 from mt.data.tokenizer import BOS
@@ -38,7 +40,7 @@ def chooser_says(monkeypatch, onednn_from_rows: int, trains_on: str = "onednn") 
     """The kernel choices of this test: oneDNN for decoding's products from `onednn_from_rows` rows (a power of two),
     MKL for fewer; `trains_on` for training's; returns the questions asked."""
     monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
-    monkeypatch.setattr(mt.fast.linear, "_training", {})
+    monkeypatch.setattr(mt.fast.linear, "_training", mt.fast.choose.Kept())
     asked = []
 
     def choice(question: str, candidates: dict) -> str:
@@ -70,6 +72,24 @@ def test_onednn_linear_computes_what_f_linear_computes_forward_and_backward(bias
     for ours, theirs in zip(forward_and_grads(OneDnnLinear.apply, x, w, b, grad),
                             forward_and_grads(F.linear, x, w, b, grad), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)  # fp32: the same sums in another order
+
+
+@onednn
+def test_a_layer_first_met_on_a_busy_machine_takes_the_measured_kernel_once_it_can_be_timed(monkeypatch, tmp_path):
+    """Training whose first products were timed while other processes kept the cores busy multiplies on the default
+    (MKL) only until the question may be timed again (RETRY_S), then on the kernel measured the faster."""
+    monkeypatch.delenv("MT_CPU_MATMUL", raising=False)
+    monkeypatch.setattr(mt.fast.linear, "_training", mt.fast.choose.Kept())
+    monkeypatch.setattr(mt.fast.choose, "path", lambda: tmp_path / "choices.json")
+    monkeypatch.setattr(mt.fast.choose, "_made", {})
+    monkeypatch.setattr(mt.fast.choose, "_busy", {})
+    timings = iter([None] * mt.fast.choose.TRIES + [{"mkl": 0.002, "onednn": 0.001}])
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: next(timings))
+    x, w = torch.randn(4, 48), torch.randn(80, 48)
+    assert not mt.fast.linear.trains_on_onednn(x, w) and not mt.fast.linear.trains_on_onednn(x, w)  # busy: MKL
+    later = time.monotonic() + mt.fast.choose.RETRY_S
+    monkeypatch.setattr(mt.fast.choose, "clock", lambda: later)
+    assert mt.fast.linear.trains_on_onednn(x, w) and mt.fast.linear.trains_on_onednn(x, w)
 
 
 @pytest.mark.parametrize("kernel", ["onednn", "mkl"])

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import mt.fast.attention
+import mt.fast.choose
 import mt.fast.linear
 import mt.fast.loss
 import mt.fast.paths
@@ -78,7 +79,7 @@ def test_training_attention_takes_the_way_measured_faster_for_its_kind_of_shape(
     tests of values above and in test_contract.py hold whichever way it answers."""
     asked = []
     monkeypatch.setattr(mt.fast.attention, "choice", lambda question, candidates: asked.append(question) or measured)
-    monkeypatch.setattr(mt.fast.attention, "_steps_faster", {})
+    monkeypatch.setattr(mt.fast.attention, "_steps_faster", mt.fast.choose.Kept())
     taken = []
     monkeypatch.setattr(mt.fast.attention, "matmul_attention", lambda *args: taken.append(1) or matmul_attention(*args))
     q, k, v, mask = qkv_and_mask("mask", torch.float32)  # 3 x 2 rows of 5 queries by 5 keys of 8
