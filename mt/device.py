@@ -62,6 +62,12 @@ def attention_kernels(device: torch.device) -> AbstractContextManager:
     return sdpa_kernel(backends) if backends is not None else nullcontext()
 
 
+def reads_wait(t: torch.Tensor) -> bool:
+    """Whether reading `t`'s values on the host waits for its device to finish all queued work (a GPU's), which
+    searches avoid inside their steps; on the CPU a read costs nothing."""
+    return t.device.type != "cpu"
+
+
 def pad_multiple(device: torch.device) -> int:
     """What a training batch's lengths are rounded up to on `device`: 8 on a GPU, where tensor cores take multiples
     of 8 and a few repeated shapes replace a new one per batch; 1 (no rounding) elsewhere."""

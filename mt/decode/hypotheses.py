@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from mt.data.tokenizer import EOS, PAD
+from mt.device import reads_wait
 from mt.fast.row_max import row_max
 
 
@@ -69,9 +70,9 @@ def next_token_logprobs(logits: Tensor, bar_eos: bool, at_limit: Tensor) -> Tens
     logp = torch.log_softmax(logits.float(), dim=-1)
     if bar_eos:
         logp[:, EOS] = -torch.inf
-    if at_limit.any():
-        logp[at_limit] = -torch.inf
-        logp[at_limit, EOS] = 0.0
+    if reads_wait(at_limit) or at_limit.any():  # the same, without asking the device whether any row is at its limit
+        logp.masked_fill_(at_limit[:, None], -torch.inf)
+        logp[:, EOS].masked_fill_(at_limit, 0.0)
     return logp
 
 

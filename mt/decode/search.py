@@ -19,6 +19,7 @@ source.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 
@@ -108,10 +109,11 @@ def greedy(model, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10, min_
         out[active, step] = tokens
         logprob[active] += best
         done = tokens == EOS
-        if done.any():
-            if done.all():
+        ended = int(done.sum())  # the step's one wait for the device: whether to stop, compact, or go on
+        if ended:
+            if ended == done.numel():
                 break
-            if done.sum() >= COMPACT_AT * done.numel():
+            if ended >= COMPACT_AT * done.numel():
                 keep = (~done).nonzero().squeeze(1)
                 active, tokens, done, cache = active[keep], tokens[keep], done[keep], cache.select(keep, keep)
     return [Hypothesis(until_eos(row), lp, lp) for row, lp in zip(out.tolist(), logprob.tolist(), strict=True)]
@@ -137,7 +139,7 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
     steps = int(limit.max())
     # The first step's beams are all alike: it decodes one row per sentence, then the cache widens to the beams.
     beams = Beams.start(model.start_cache(memory, src_mask, steps), src.size(0), beam, src.device)
-    finished = Finished.start(src.size(0), nbest, src.device)
+    finished = Finished.start(src.size(0), nbest, steps, src.device)
     for step in range(steps):
         if step == 0:
             logits, first = model.decode_step(beams.last[::beam], beams.cache)
@@ -151,7 +153,7 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
         finished.add(beams, top_scores, top_beam, top_tok, penalty)
         if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):
             break
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest] for hyps in finished.hyps]
+    return finished.hypotheses()
 
 
 @dataclass
@@ -190,10 +192,11 @@ class Beams:
         keep = kth_best[self.active] < best / penalty
         sentences = None  # the encoder side changes only when sentences finish
         active = self.active
-        if not keep.all():
-            if not keep.any():
+        done = int((~keep).sum())  # the step's one wait for the device: whether to stop, compact, or go on
+        if done:
+            if done == keep.numel():
                 return False
-            if (~keep).sum() >= COMPACT_AT * keep.numel():
+            if done >= COMPACT_AT * keep.numel():
                 sentences = keep.nonzero().squeeze(1)
                 parent = parent.view(-1, k)[keep].view(-1)
                 scores, tok, active = scores[keep], tok[keep], active[keep]
@@ -209,30 +212,56 @@ class Beams:
 
 @dataclass
 class Finished:
-    """The finished hypotheses of every sentence, and the score a live beam must beat to matter."""
+    """The finished hypotheses of every sentence, best first, and the score a live beam must beat to matter: kept on
+    the search's device, so that finishing hypotheses never waits for the host (on a GPU, each such wait stalls the
+    queue of kernels). A slot scored -inf holds none."""
 
-    hyps: list[list[Hypothesis]]  # per original sentence; at most `nbest` once that many are found
-    kth_best: Tensor  # (N,) score of each sentence's nbest-th finished hypothesis, -inf until there are nbest
-    nbest: int
+    scores: Tensor  # (N, nbest) each sentence's best finished hypotheses' scores, best first, in float64 as Python's
+    logprobs: Tensor  # (N, nbest) their total log-probabilities
+    tokens: Tensor  # (N, nbest, steps) their pieces, EOS after the last
+    lengths: Tensor  # (N, nbest) how many pieces each has
 
     @classmethod
-    def start(cls, n: int, nbest: int, device: torch.device) -> Finished:
-        return cls([[] for _ in range(n)], torch.full((n,), -torch.inf, device=device), nbest)
+    def start(cls, n: int, nbest: int, steps: int, device: torch.device) -> Finished:
+        return cls(torch.full((n, nbest), -torch.inf, dtype=torch.float64, device=device),
+                   torch.zeros(n, nbest, device=device),
+                   torch.full((n, nbest, steps), EOS, dtype=torch.long, device=device),
+                   torch.zeros(n, nbest, dtype=torch.long, device=device))
+
+    @property
+    def kth_best(self) -> Tensor:
+        """(N,) the score of each sentence's nbest-th finished hypothesis, -inf until there are nbest."""
+        return self.scores[:, -1].float()
 
     def add(self, beams: Beams, top_scores: Tensor, top_beam: Tensor, top_tok: Tensor, penalty: float) -> None:
-        """Finish the hypotheses that end in EOS among each sentence's k best candidates (a few per step)."""
-        k = beams.scores.size(1)
+        """Finish the hypotheses that end in EOS among each sentence's k best candidates, ranked with those already
+        finished; among equal scores the earlier finished, then the better candidate, comes first."""
+        n, k = beams.scores.shape
+        nbest, length = self.scores.size(1), beams.prefixes.size(1)
         ends = (top_tok[:, :k] == EOS) & torch.isfinite(top_scores[:, :k])
-        if not ends.any():
-            return
-        for s, j in ends.nonzero().tolist():
-            i = int(beams.active[s])
-            logprob = float(top_scores[s, j])
-            tokens = beams.prefixes[s * k + int(top_beam[s, j])].tolist()
-            self.hyps[i].append(Hypothesis(tokens, logprob / penalty, logprob))
-            if len(self.hyps[i]) >= self.nbest:
-                self.hyps[i] = sorted(self.hyps[i], key=lambda h: h.score, reverse=True)[:self.nbest]
-                self.kth_best[i] = self.hyps[i][-1].score
+        logprob = top_scores[:, :k]
+        score = (logprob.double() / penalty).masked_fill(~ends, -torch.inf)
+        parents = beams.prefixes.view(n, k, length).gather(1, top_beam[:, :k, None].expand(-1, -1, length))
+        tokens = torch.full((n, k, self.tokens.size(2)), EOS, dtype=torch.long, device=parents.device)
+        tokens[:, :, :length] = parents
+        active = beams.active
+        ranked, order = torch.cat([self.scores[active], score], 1).sort(dim=1, descending=True, stable=True)
+        order = order[:, :nbest]
+        self.scores[active] = ranked[:, :nbest]
+        self.logprobs[active] = torch.cat([self.logprobs[active], logprob], 1).gather(1, order)
+        self.lengths[active] = torch.cat([self.lengths[active], torch.full_like(ends, length, dtype=torch.long)],
+                                         1).gather(1, order)
+        self.tokens[active] = torch.cat([self.tokens[active], tokens], 1).gather(
+            1, order[:, :, None].expand(-1, -1, tokens.size(2)))
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        """Each sentence's finished hypotheses, best first: read from the device once, at the end."""
+        found = []
+        for scores, logprobs, tokens, lengths in zip(self.scores.tolist(), self.logprobs.tolist(), self.tokens.tolist(),
+                                                     self.lengths.tolist(), strict=True):
+            found.append([Hypothesis(t[:n], s, lp) for s, lp, t, n in zip(scores, logprobs, tokens, lengths,
+                                                                          strict=True) if s != -math.inf])
+        return found
 
 
 def slot_order(parents: Tensor) -> Tensor:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from mt.device import reads_wait
+
 
 @dataclass
 class DecoderCache:
@@ -36,7 +38,8 @@ class DecoderCache:
 
         Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block. While
         all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
-        their row): in C for the C decoding step's few rows, however many move. Fewer rows, or most of them
+        their row), where finding them costs no wait for the device (on a CPU): in C for the C decoding step's
+        few rows, however many move. Fewer rows, or most of them
         moved, are gathered to the front of the same buffers (`compacted`). Either way this cache's buffers are
         reused, as `decode_step` reuses them: this cache must not be used again.
         """
@@ -52,7 +55,7 @@ class DecoderCache:
             if moved:  # however many: C copies only them, each a few contiguous floats a position
                 self.move_rows(self, moved, [listed[i] for i in moved])
             return self
-        elif sentences is None and rows.numel() == width:
+        elif sentences is None and rows.numel() == width and not reads_wait(rows):  # which rows moved is a read
             moved = (rows != torch.arange(rows.numel(), device=rows.device)).nonzero().squeeze(1)
             if moved.numel() < width // 2:
                 to, src = at_filled(moved), at_filled(rows[moved])

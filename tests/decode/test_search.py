@@ -231,3 +231,53 @@ def test_finished_sentences_leave_the_batch_together_and_change_no_translation(a
             assert one.tokens == alone[i][1].tokens and one.logprob == pytest.approx(alone[i][1].logprob, abs=1e-5)
     assert left[1.0] == [] and left[0.25] and len(left[0.25]) < len(left[0.0])
     assert all(after <= 0.75 * before for before, after in left[0.25]), left[0.25]
+
+
+class HostReads:
+    """Counts the reads of tensor values by the host (item, tolist, a tensor's truth or number, nonzero, indexing by a
+    mask): each would wait for a GPU to finish all the work queued before it, a CPU stand-in for CUDA's sync check."""
+
+    READS = ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.READS:
+            monkeypatch.setattr(torch.Tensor, name, self.counted(getattr(torch.Tensor, name)))
+        for name in ("__getitem__", "__setitem__"):
+            monkeypatch.setattr(torch.Tensor, name, self.counted(getattr(torch.Tensor, name), masks_only=True))
+
+    def counted(self, method, masks_only=False):
+        def read(tensor, *args, **kwargs):
+            index = args[0] if args else None
+            parts = index if isinstance(index, tuple) else (index,)
+            if not masks_only or any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+                self.count += 1
+            return method(tensor, *args, **kwargs)
+        return read
+
+
+@pytest.mark.parametrize("beam", [0, 1, 4], ids=["greedy", "beam 1", "beam 4"])
+def test_a_search_step_waits_for_the_device_once(beam, monkeypatch):
+    """On a device whose reads wait (a GPU, here stood in for by the CPU), a step of greedy or beam search reads
+    one number back (whether to stop or to let finished sentences leave); finished hypotheses stay on the device
+    until the end. The translations are those found with reads free."""
+    import mt.decode.hypotheses
+    import mt.decode.search as search
+    import mt.model.cache
+
+    model, src, steps = tiny_model(seed=6), sources(n=16, seed=2), 7
+
+    def search_all():
+        if beam == 0:
+            return [[h] for h in search.greedy(model, src, 0.0, steps, min_len=steps - 1)]
+        return search.beam_search(model, src, beam, 0.6, 0.0, steps, nbest=min(beam, 2), min_len=steps - 1)
+
+    free = search_all()
+    for module in (mt.decode.hypotheses, mt.model.cache):
+        monkeypatch.setattr(module, "reads_wait", lambda t: True)
+    reads = HostReads(monkeypatch)
+    waited = search_all()
+    # one read of the length limit before the steps, one a step, the finished books' at the end
+    assert reads.count <= 1 + steps + 4
+    assert [[h.tokens for h in hyps] for hyps in waited] == [[h.tokens for h in hyps] for hyps in free]
+    assert [[h.score for h in hyps] for hyps in waited] == [[h.score for h in hyps] for hyps in free]
