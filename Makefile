@@ -77,16 +77,25 @@ RECIPE_RUN = runs/$(NAME)$(SEEDED)
 CHANNEL = $(filter channel,$(word 4,$(LANGS)))
 FORTH   = $(word 1,$(LANGS))_$(word 2,$(LANGS))_$(word 3,$(LANGS))
 BACKWARD = $(word 1,$(LANGS))_$(word 3,$(LANGS))_$(word 2,$(LANGS))
+# On a machine with a GPU (nvidia-smi found; GPU= says there is none), configs/NAME.gpu.yaml where there is one.
+GPU    ?= $(if $(shell command -v nvidia-smi),yes)
+CONFIG  = configs/$(NAME)$(if $(and $(GPU),$(wildcard configs/$(NAME).gpu.yaml)),.gpu).yaml
+# NO_VENV=1: the Python found here (PYTHON) with the repo on its path, nothing installed, as make gpu-check runs; for
+# a lent GPU machine that has torch and no package index.
+ON_PATH = PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
+RUN_PY  = $(if $(NO_VENV),$(ON_PATH) $(PYTHON),$(BIN)/python)
+MT      = $(if $(NO_VENV),$(ON_PATH) $(PYTHON) -m mt,$(BIN)/mt)
+SETUP   = $(if $(NO_VENV),,install)
 # On a CPU, one single-thread process per core, each taking an equal share of the config's batch (train.max_tokens):
-# more steps an hour than one process on all the cores. PROCS=1 trains in one process, as on a GPU (nvidia-smi found).
+# more steps an hour than one process on all the cores. PROCS=1 trains in one process, as on a GPU.
 # (nproc without OMP_NUM_THREADS, which it would otherwise report: the cores, not a thread setting.)
-PROCS  ?= $(if $(shell command -v nvidia-smi),1,$(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc))
-SHARE   = $$($(BIN)/python -c "from mt.config import load_config; print(load_config('configs/$(NAME).yaml').train.max_tokens // $(PROCS))")
-TRAIN   = $(if $(filter 1,$(PROCS)),$(BIN)/mt train,OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(PROCS) -m mt train)
+PROCS  ?= $(if $(GPU),1,$(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc))
+SHARE   = $$($(RUN_PY) -c "from mt.config import load_config; print(load_config('$(CONFIG)').train.max_tokens // $(PROCS))")
+TRAIN   = $(if $(filter 1,$(PROCS)),$(MT) train,OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node $(PROCS) -m mt train)
 SPLIT   = $(if $(filter 1,$(PROCS)),,--set train.max_tokens=$(SHARE) --set train.threads=1)
 
 ifneq ($(CHANNEL),)
-recipe: install
+recipe: $(SETUP)
 	@test -f configs/$(FORTH).yaml -a -f configs/$(BACKWARD).yaml -a -z "$(word 5,$(LANGS))" || \
 		{ echo "NAME=$(NAME) needs configs/$(FORTH).yaml and configs/$(BACKWARD).yaml"; exit 2; }
 	test -f runs/$(FORTH)$(SEEDED)/report.json || $(MAKE) recipe NAME=$(FORTH) SEED=$(SEED)
@@ -94,26 +103,26 @@ recipe: install
 	$(call with_channel,runs/$(FORTH)$(SEEDED),runs/$(BACKWARD)$(SEEDED))
 	$(call with_channel,runs/$(BACKWARD)$(SEEDED),runs/$(FORTH)$(SEEDED))
 else
-recipe: install
-	@test -f configs/$(NAME).yaml || { echo "no configs/$(NAME).yaml"; exit 2; }
+recipe: $(SETUP)
+	@test -f $(CONFIG) || { echo "no $(CONFIG)"; exit 2; }
 	@test -z "$(word 5,$(LANGS))" -a -n "$(word 3,$(LANGS))" -a "$(word 4,$(LANGS))" = "$(TWO_WAY)" || \
 		{ echo "NAME=$(NAME): a recipe is named CORPUS_SRC_TGT (e.g. multi30k_en_de), CORPUS_SRC_TGT_both or CORPUS_SRC_TGT_channel"; exit 2; }
-	test -f data/prepared/$(NAME)/meta.json || $(BIN)/mt prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
+	test -f data/prepared/$(NAME)/meta.json || $(MT) prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
 		--tgt $(word 3,$(LANGS)) $(if $(TWO_WAY),--two-way) --out data/prepared/$(NAME)
 	if [ -n "$$(ls -d $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt $(RECIPE_RUN)/member-* 2>/dev/null)" ]; then $(TRAIN) --resume --out $(RECIPE_RUN); \
-	else $(TRAIN) configs/$(NAME).yaml --out $(RECIPE_RUN) --set train.seed=$(SEED) $(SPLIT); fi
-	$(BIN)/mt average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
-	$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
-	$(BIN)/mt report $(RECIPE_RUN)
-	$(if $(TWO_WAY),$(BIN)/mt tune --checkpoint $(RECIPE_RUN)/final.pt --to $(word 2,$(LANGS)) --out $(RECIPE_RUN)/final.$(BACK).pt)
-	$(if $(TWO_WAY),$(BIN)/mt report $(RECIPE_RUN) --checkpoint $(RECIPE_RUN)/final.$(BACK).pt)
+	else $(TRAIN) $(CONFIG) --out $(RECIPE_RUN) --set train.seed=$(SEED) $(SPLIT); fi
+	$(MT) average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
+	$(MT) tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
+	$(MT) report $(RECIPE_RUN)
+	$(if $(TWO_WAY),$(MT) tune --checkpoint $(RECIPE_RUN)/final.pt --to $(word 2,$(LANGS)) --out $(RECIPE_RUN)/final.$(BACK).pt)
+	$(if $(TWO_WAY),$(MT) report $(RECIPE_RUN) --checkpoint $(RECIPE_RUN)/final.$(BACK).pt)
 endif
 
 # RUN $(1)'s final.pt, reranked by RUN $(2)'s (the reverse direction): tuned on valid, reported on test.
 define with_channel
-$(BIN)/mt ensemble $(1)/final.pt $(2)/final.pt --out $(1)/final.channel.pt
-$(BIN)/mt tune --checkpoint $(1)/final.channel.pt --out $(1)/final.channel.pt
-$(BIN)/mt report $(1) --checkpoint $(1)/final.channel.pt
+$(MT) ensemble $(1)/final.pt $(2)/final.pt --out $(1)/final.channel.pt
+$(MT) tune --checkpoint $(1)/final.channel.pt --out $(1)/final.channel.pt
+$(MT) report $(1) --checkpoint $(1)/final.channel.pt
 endef
 
 # The standard grids, one process per setting; rewrite the benchmark tables (translation, training) in docs/.

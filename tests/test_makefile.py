@@ -21,7 +21,8 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 def train_command(*variables: str) -> str:
     """The command `make recipe` would train a new run with (`make -n` prints it without running anything)."""
     # --no-print-directory: under `make test`, a nested make would announce the directory it enters.
-    out = subprocess.run(["make", "--no-print-directory", "-n", "recipe", "NAME=multi30k_en_de", "SEED=7", *variables],
+    out = subprocess.run(["make", "--no-print-directory", "-n", "recipe", "NAME=multi30k_en_de", "SEED=7", "GPU=",
+                          *variables],  # a CPU machine's unless the variables say otherwise
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return next(line for line in out.splitlines() if line.startswith("else "))
 
@@ -43,6 +44,22 @@ def test_one_process_trains_with_the_config_as_it_is():
     command = train_command("PROCS=1")
     assert "torchrun" not in command and "max_tokens" not in command
     assert ".venv/bin/mt train configs/multi30k_en_de.yaml --out runs/multi30k_en_de_s7 --set train.seed=7" in command
+
+
+@needs_make
+def test_on_a_gpu_machine_the_recipe_trains_its_gpu_config_in_one_process():
+    command = train_command("GPU=yes")
+    assert ".venv/bin/mt train configs/multi30k_en_de.gpu.yaml --out runs/multi30k_en_de_s7 --set train.seed=7" in command
+    assert "torchrun" not in command and "max_tokens" not in command
+
+
+@needs_make
+def test_no_venv_runs_the_python_found_with_the_repo_on_its_path_and_installs_nothing():
+    commands = dry_run("recipe", "NAME=multi30k_en_de", "GPU=yes", "NO_VENV=1", "PYTHON=/opt/py/bin/python")
+    on_path = f"PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} /opt/py/bin/python -m mt"
+    assert not any("pip install" in c or "-m venv" in c or ".venv/" in c for c in commands)
+    assert any(c.startswith(f"else {on_path} train configs/multi30k_en_de.gpu.yaml") for c in commands)
+    assert f"{on_path} report runs/multi30k_en_de" in commands
 
 
 def dry_run(target: str, *variables: str) -> list[str]:
