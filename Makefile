@@ -61,6 +61,7 @@ demo: install
 # A results recipe, NAME=CORPUS_SRC_TGT with configs/NAME.yaml (e.g. NAME=multi30k_en_de): prepare, train (or
 # continue an interrupted run), average the last checkpoints (how many: chosen on valid), choose beam and length penalty on valid, report on
 # test. Leaves runs/NAME/final.pt and runs/NAME/report.json. SEED=N trains with another seed into runs/NAME_sN.
+# TRAIN_SET passes settings on to a new run's training (TRAIN_SET="--set train.max_minutes=3" for a short one).
 # A config with train.members: N trains N models into runs/NAME/member-*, and final.pt is their ensemble.
 # NAME=CORPUS_SRC_TGT_both: one model of both directions (train.two_way); also final.TGT-SRC.pt, report.TGT-SRC.json.
 # NAME=CORPUS_SRC_TGT_channel: the recipes of both directions with one SEED (each skipped where its report.json is),
@@ -110,7 +111,7 @@ recipe: $(SETUP)
 	test -f data/prepared/$(NAME)/meta.json || $(MT) prepare $(word 1,$(LANGS)) --src $(word 2,$(LANGS)) \
 		--tgt $(word 3,$(LANGS)) $(if $(TWO_WAY),--two-way) --out data/prepared/$(NAME)
 	if [ -n "$$(ls -d $(RECIPE_RUN)/last.pt $(RECIPE_RUN)/checkpoint-*.pt $(RECIPE_RUN)/member-* 2>/dev/null)" ]; then $(TRAIN) --resume --out $(RECIPE_RUN); \
-	else $(TRAIN) $(CONFIG) --out $(RECIPE_RUN) --set train.seed=$(SEED) $(SPLIT); fi
+	else $(TRAIN) $(CONFIG) --out $(RECIPE_RUN) --set train.seed=$(SEED) $(SPLIT) $(TRAIN_SET); fi
 	$(MT) average $(RECIPE_RUN) --last $(AVERAGE) --out $(RECIPE_RUN)/final.pt
 	$(MT) tune --checkpoint $(RECIPE_RUN)/final.pt --out $(RECIPE_RUN)/final.pt
 	$(MT) report $(RECIPE_RUN)

@@ -48,8 +48,9 @@ def test_one_process_trains_with_the_config_as_it_is():
 
 @needs_make
 def test_on_a_gpu_machine_the_recipe_trains_its_gpu_config_in_one_process():
-    command = train_command("GPU=yes")
-    assert ".venv/bin/mt train configs/multi30k_en_de.gpu.yaml --out runs/multi30k_en_de_s7 --set train.seed=7" in command
+    command = train_command("GPU=yes", "TRAIN_SET=--set train.max_minutes=3")
+    assert (".venv/bin/mt train configs/multi30k_en_de.gpu.yaml --out runs/multi30k_en_de_s7 --set train.seed=7  "
+            "--set train.max_minutes=3") in command
     assert "torchrun" not in command and "max_tokens" not in command
 
 

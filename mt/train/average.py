@@ -10,6 +10,7 @@ config and SentencePiece models, no optimizer state.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,8 @@ def average(paths: list[Path]) -> dict[str, Any]:
 def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0,
                         device: str = DEVICE) -> tuple[dict[str, Any], list[dict]]:
     """What `mt average` does: `last` is a count or comma-separated counts; several counts are each averaged
-    and the best on the valid split kept (`average_on_valid`, whose results are returned; else none). In an
+    and the best on the valid split kept (`average_on_valid`, whose results are returned; else none), those above
+    the checkpoints a run kept left out. In an
     ensemble run (train.members), each member's into its own final.pt, and `out` joins those (mt/train/members.py)."""
 
     try:
@@ -97,9 +99,16 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
     check_output(out, "--out", create_parent=True)
 
     def average_one(directory: Path, to: Path) -> tuple[dict[str, Any], list[dict]]:
-        if len(counts) == 1:
-            return average_run(directory, to, last=counts[0], best=best), []
-        return average_on_valid(directory, to, counts, pick_device(device))
+        tried = counts
+        if len(counts) > 1:  # of several counts, those the run kept checkpoints for (a short run keeps few)
+            kept = len(checkpoint.numbered(directory))
+            tried = tuple(n for n in counts if n <= kept) or counts[:1]  # none: the smallest, which says why not
+            if tried != counts:
+                print(f"mt average: {directory} kept {kept} checkpoints: trying --last "
+                      f"{','.join(map(str, tried))} of {last}", file=sys.stderr)
+        if len(tried) == 1:
+            return average_run(directory, to, last=tried[0], best=best), []
+        return average_on_valid(directory, to, tried, pick_device(device))
     with writing_into(out):
         if member_dirs(run_dir):  # an ensemble run: each member averaged, then joined
             return average_members(Path(run_dir), out, average_one)

@@ -84,6 +84,16 @@ def test_asking_for_more_checkpoints_than_the_run_kept_says_how_many_it_has(run,
     assert not (tmp_path / "avg.pt").exists()
 
 
+def test_mt_average_of_several_counts_tries_those_the_run_kept_checkpoints_for(run, tmp_path):
+    """A short run (say a recipe given a few minutes) keeps fewer checkpoints than `make recipe` asks to try."""
+    result = CliRunner().invoke(app, ["average", str(run), "--out", str(tmp_path / "avg.pt"), "--last", "1,2,8,16"])
+    assert result.exit_code == 0, result.output
+    assert f"{run} kept 4 checkpoints: trying --last 1,2 of 1,2,8,16" in result.stderr
+    assert sorted(r["last"] for r in load_model(tmp_path / "avg.pt").state["metrics"]["average_choice"]) == [1, 2]
+    result = CliRunner().invoke(app, ["average", str(run), "--out", str(tmp_path / "none.pt"), "--last", "8,16"])
+    assert result.exit_code == 2 and "asked for 8 checkpoints but the run kept 4" in result.stderr
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--last", "2,x"], "--last '2,x': expected a count or comma-separated counts"),
     (["--last", "2,4", "--best", "2"], "several counts work with --last only"),
