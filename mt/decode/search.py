@@ -247,12 +247,16 @@ class Finished:
         active = beams.active
         ranked, order = torch.cat([self.scores[active], score], 1).sort(dim=1, descending=True, stable=True)
         order = order[:, :nbest]
+
+        def best(kept: Tensor, new: Tensor) -> Tensor:
+            """The finished `kept` (n, nbest, ...) and `new` (n, k, ...) side by side, in the ranked order."""
+            both = torch.cat([kept, new], 1)
+            return both.gather(1, order.view(*order.shape, *[1] * (both.dim() - 2)).expand(-1, -1, *both.shape[2:]))
+
         self.scores[active] = ranked[:, :nbest]
-        self.logprobs[active] = torch.cat([self.logprobs[active], logprob], 1).gather(1, order)
-        self.lengths[active] = torch.cat([self.lengths[active], torch.full_like(ends, length, dtype=torch.long)],
-                                         1).gather(1, order)
-        self.tokens[active] = torch.cat([self.tokens[active], tokens], 1).gather(
-            1, order[:, :, None].expand(-1, -1, tokens.size(2)))
+        self.logprobs[active] = best(self.logprobs[active], logprob)
+        self.lengths[active] = best(self.lengths[active], torch.full_like(ends, length, dtype=torch.long))
+        self.tokens[active] = best(self.tokens[active], tokens)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """Each sentence's finished hypotheses, best first: read from the device once, at the end."""

@@ -39,9 +39,9 @@ class DecoderCache:
         Only the filled positions are copied: time-major buffers make `buf[:length]` one contiguous block. While
         all sentences stay, only the rows that change are copied, in place (beam search keeps most beams in
         their row), where finding them costs no wait for the device (on a CPU): in C for the C decoding step's
-        few rows, however many move. Fewer rows, or most of them
-        moved, are gathered to the front of the same buffers (`compacted`). Either way this cache's buffers are
-        reused, as `decode_step` reuses them: this cache must not be used again.
+        few rows, however many move. Fewer rows, or most of them moved, are gathered to the front of the same
+        buffers (`compacted`). Either way this cache's buffers are reused, as `decode_step` reuses them: this cache
+        must not be used again.
         """
         width = self.self_k[0].size(1)
 

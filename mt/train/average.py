@@ -102,7 +102,7 @@ def average_checkpoints(run_dir: Path, out: Path, last: str = "0", best: int = 0
         tried = counts
         if len(counts) > 1:  # of several counts, those the run kept checkpoints for (a short run keeps few)
             kept = len(checkpoint.numbered(directory))
-            tried = tuple(n for n in counts if n <= kept) or counts[:1]  # none: the smallest, which says why not
+            tried = tuple(n for n in counts if n <= kept) or (min(counts),)  # none: the smallest, which says why not
             if tried != counts:
                 print(f"mt average: {directory} kept {kept} checkpoints: trying --last "
                       f"{','.join(map(str, tried))} of {last}", file=sys.stderr)
