@@ -8,7 +8,8 @@ random beside PyTorch (docs/benchmarks.md). `--processes N` therefore times each
 own, the systems in turn, N rounds, and reports each one's median: the comparison to trust.
 Needs the optional extra: `pip install -e '.[bench]'`.
 
-    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8] [--compile] [--processes 3]
+    python benchmarks/compare_translate.py --preset small --beam 4 --batch 64 [--int8] [--bf16] [--compile] \
+        [--processes 3]
 
 Prints one JSON object per system (per round with --processes) and a ratio line.
 """
@@ -29,7 +30,7 @@ import torch
 from mt.bench import PRESETS, VOCAB, preset_model
 from mt.data.batches import pad
 from mt.data.tokenizer import EOS
-from mt.decode.search import beam_search, greedy
+from mt.decode.search import autocast, beam_search, greedy
 from mt.fast.compiled import compile_decoding
 from mt.fast.paths import for_inference
 from mt.memory import keep_freed_memory
@@ -94,6 +95,7 @@ def main() -> None:
     ap.add_argument("--tgt-len", type=int, default=24)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--int8", action="store_true", help="also time int8: mt dynamic quantization vs CT2 int8")
+    ap.add_argument("--bf16", action="store_true", help="also time mt bf16 (weights in bf16, under autocast)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--compile", action="store_true", help="mt's decoding step compiled, as mt translate --compile")
     ap.add_argument("--only", choices=SYSTEMS, help="time this system alone")
@@ -116,21 +118,22 @@ def main() -> None:
                          "median_s": seconds, "tgt_tokens": tokens, "tgt_tok_per_s": tokens / seconds}
         print(json.dumps(results[name]), flush=True)
 
-    for precision in ("fp32", "int8") if args.int8 and args.only in (None, "mt") else (
-            ("fp32",) if args.only in (None, "mt") else ()):
+    mt_precisions = ["fp32"] + ["int8"] * args.int8 + ["bf16"] * args.bf16
+    for precision in mt_precisions if args.only in (None, "mt") else ():
         model = for_inference(preset_model(args.preset), precision)
         if args.compile:
             compile_decoding(model)  # compiled in `timed`'s untimed first run
         produced = []
 
-        def run_mt(model=model, produced=produced) -> None:
+        def run_mt(model=model, produced=produced, precision=precision) -> None:
             produced.clear()
             for src in batches:
-                if args.beam == 1:
-                    hyps = [h.tokens for h in greedy(model, src, 0.0, args.tgt_len + 1, min_len=args.tgt_len)]
-                else:
-                    hyps = [h[0].tokens for h in beam_search(model, src, args.beam, 0.6, 0.0, args.tgt_len + 1,
-                                                             min_len=args.tgt_len)]
+                with autocast(precision, torch.device("cpu")):  # bf16 decodes under autocast, as mt translate does
+                    if args.beam == 1:
+                        hyps = [h.tokens for h in greedy(model, src, 0.0, args.tgt_len + 1, min_len=args.tgt_len)]
+                    else:
+                        hyps = [h[0].tokens for h in beam_search(model, src, args.beam, 0.6, 0.0, args.tgt_len + 1,
+                                                                 min_len=args.tgt_len)]
                 produced.append(sum(len(h) for h in hyps))
 
         seconds = timed(run_mt, args.runs)
@@ -185,11 +188,12 @@ SYSTEMS = ("mt", "ct2", "hf")
 
 
 def ratios(speed: dict[str, float]) -> dict:
-    """mt fp32's speed over each other system's, and mt int8's over CTranslate2 int8's."""
+    """mt fp32's speed over each other system's, and mt int8's and bf16's over CTranslate2 int8's."""
     out = {"ratios_mt_fp32_over": {name: round(speed["mt-fp32"] / s, 2) for name, s in speed.items()
                                    if name != "mt-fp32"}}
-    if "mt-int8" in speed and "ct2-int8" in speed:
-        out["ratios_mt_fp32_over"]["mt-int8 / ct2-int8"] = round(speed["mt-int8"] / speed["ct2-int8"], 2)
+    for reduced in ("mt-int8", "mt-bf16"):
+        if reduced in speed and "ct2-int8" in speed:
+            out["ratios_mt_fp32_over"][f"{reduced} / ct2-int8"] = round(speed[reduced] / speed["ct2-int8"], 2)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Linear layers for decoding (fast paths of mt/fast/): `FrozenLinear`, an fp32 weight stored transposed
+"""Linear layers for decoding (fast paths of mt/fast/): `FrozenLinear`, an fp32 or bf16 weight stored transposed
 (and packed for oneDNN where it takes the product), and int8, every linear layer dynamically quantized."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from mt.fast.choose import Kept, rows_class
-from mt.fast.linear import decoding_kernel, onednn_mm, pack_for_onednn, plain_cpu_fp32, relinked
+from mt.fast.choose import Kept, choice, rows_class
+from mt.fast.linear import decoding_kernel, decoding_on_cpu, onednn_mm, pack_for_onednn, relinked
 
 
 def quantized(model: nn.Module) -> bool:
@@ -36,10 +36,60 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
     """PyTorch's dynamically quantized linear layer, calling its kernel directly: the layer's own forward checks its
     dtype and version and copies the output on every call, a fixed cost that a lone sentence pays on every product
-    (docs/performance.md)."""
+    (docs/performance.md).
+
+    The weights are packed for PyTorch's default int8 kernel (fbgemm's); where oneDNN's (AMX on CPUs that have it)
+    is measured the faster for a product's rows, the same int8 weights go through it, packed again once. Both
+    quantize the input alike (7-bit, `reduce_range`) and add in integers, so their outputs agree to fp32 rounding.
+    """
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=True)
+        packed = self._packed_params._packed_params
+        rows = x.numel() // x.size(-1) if x.dim() else 1
+        if not torch.compiler.is_compiling() and self.takes_onednn(rows):
+            packed = self.onednn_packed()
+        return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
+
+    def takes_onednn(self, rows: int) -> bool:
+        """Whether oneDNN's int8 kernel is this machine's faster for `rows` inputs, measured once for each power of
+        two of rows and threads."""
+        kernels = self.__dict__.setdefault("_kernels", Kept())  # (rows class, threads) → whether oneDNN takes it
+        key = (rows_class(rows), torch.get_num_threads())
+        known = kernels.get(key)
+        if known is None:
+            if "onednn" not in torch.backends.quantized.supported_engines:
+                return kernels.keep(key, False)
+            x = torch.randn(key[0], self.in_features, generator=torch.Generator().manual_seed(0))
+            plain, onednn = self._packed_params._packed_params, self.__dict__.get("_onednn")
+            onednn = self.onednn_pack() if onednn is None else onednn  # kept only if chosen
+            question = f"int8 linear {self.in_features}x{self.out_features}, {key[0]} rows, {key[1]} threads"
+            kernel = choice(question, {
+                "fbgemm": lambda: torch.ops.quantized.linear_dynamic(x, plain, reduce_range=True),
+                "onednn": lambda: torch.ops.quantized.linear_dynamic(x, onednn, reduce_range=True)})
+            known = kernels.keep(key, kernel == "onednn", question)
+        return known
+
+    def onednn_packed(self):
+        """The layer's int8 weights and bias packed for oneDNN, at first use, kept."""
+        if "_onednn" not in self.__dict__:
+            self.__dict__["_onednn"] = self.onednn_pack()
+        return self.__dict__["_onednn"]
+
+    def onednn_pack(self):
+        engine = torch.backends.quantized.engine
+        try:  # the engine set decides whose layout linear_prepack packs for
+            torch.backends.quantized.engine = "onednn"
+            return torch.ops.quantized.linear_prepack(*self._weight_bias())
+        finally:
+            torch.backends.quantized.engine = engine
+
+    def set_weight_bias(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().set_weight_bias(weight, bias)
+        self.__dict__.pop("_onednn", None)  # packed again from the new weights at next use
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the oneDNN packing and the choices out: made again at first use."""
+        return {k: v for k, v in super().__getstate__().items() if k not in ("_onednn", "_kernels")}
 
 
 class FrozenLinear(nn.Module):
@@ -49,19 +99,26 @@ class FrozenLinear(nn.Module):
     step-by-step decoding faster against a weight already laid out as (in, out). Where oneDNN is measured the
     faster kernel for a product's rows (`takes_onednn`), fp32 goes through it instead, against a copy of the weight
     packed once in oneDNN's own layout.
+
+    `dtype` bf16 stores the weight in bf16 for `--precision bf16`: autocast would cast an fp32 weight at every call,
+    most of a bf16 step's time on a CPU that multiplies bf16 in hardware (docs/performance.md).
     """
 
-    def __init__(self, layer: nn.Linear):
+    def __init__(self, layer: nn.Linear, dtype: torch.dtype | None = None):
         super().__init__()
-        self.register_buffer("weight_t", layer.weight.detach().t().contiguous())
-        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().clone())
+        weight = layer.weight.detach().to(dtype or layer.weight.dtype)
+        self.register_buffer("weight_t", weight.t().contiguous())
+        self.register_buffer("bias", None if layer.bias is None else layer.bias.detach().to(weight.dtype).clone())
         self._packed: tuple[tuple[int, int], Tensor] | None = None  # (weight_t's address and version, packed)
         self._kernels = Kept()  # (rows class, threads) → whether oneDNN takes the product
 
     def forward(self, x: Tensor) -> Tensor:
         weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
+        if x.dtype != weight_t.dtype:  # a bf16 layer: its input cast as autocast casts it; outside autocast, back
+            y = self(x.to(weight_t.dtype))
+            return y if torch.is_autocast_enabled(x.device.type) else y.to(x.dtype)
         flat = x.reshape(-1, x.size(-1))
-        if plain_cpu_fp32(x, weight_t) and self.takes_onednn(flat.size(0)):
+        if decoding_on_cpu(x, weight_t) and self.takes_onednn(flat.size(0)):
             return onednn_mm(flat, self.packed(weight_t), bias).view(*x.shape[:-1], weight_t.size(1))
         y = flat @ weight_t if bias is None else torch.addmm(bias, flat, weight_t)
         return y.view(*x.shape[:-1], y.size(-1))

@@ -7,7 +7,8 @@ its kind of shape (mt/fast/choose.py) and the faster kept, for good, on this mac
 packed once in oneDNN's layout (`pack_for_onednn`) where oneDNN is the faster (`decoding_kernel`, for
 `FrozenLinear` in mt/fast/frozen.py); `Linear`, an `nn.Linear` (same parameters, same checkpoints), takes all three
 products of training (forward and both gradients) in oneDNN where that is the faster for its weight
-(`training_kernel`). Everything else (GPU, bf16 autocast, other dtypes, `torch.compile`) is `F.linear`.
+(`training_kernel`). bf16 decoding products (`--precision bf16`) are timed the same way where the CPU multiplies
+bf16 in hardware. Everything else (GPU, other dtypes, `torch.compile`) is `F.linear`.
 
 `MT_CPU_MATMUL=mkl` or `=onednn` puts every product on one kernel (benchmarks compare the two side by side).
 """
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mt.device import native_bf16
 from mt.fast.choose import Kept, choice
 
 CHOICES = ("auto", "mkl", "onednn")
@@ -67,14 +69,16 @@ def kernel_note() -> str:
 
 def decoding_kernel(weight_t: Tensor, rows: int, packed: Callable[[], Tensor]) -> tuple[str, list[str]]:
     """"mkl" or "onednn", the faster on this machine for `rows` inputs against weight_t, (in, out) as `FrozenLinear`
-    holds it, oneDNN multiplying by its packed copy (`packed()`); and the questions asked of mt/fast/choose.py."""
+    holds it, in fp32 or bf16, oneDNN multiplying by its packed copy (`packed()`); and the questions asked of
+    mt/fast/choose.py. ("mkl" is PyTorch's own product, which in bf16 is oneDNN's unpacked.)"""
     kernel = forced()
-    if kernel is not None or not onednn_available():
+    bf16 = weight_t.dtype == torch.bfloat16
+    if kernel is not None or not onednn_available() or (bf16 and not native_bf16()):
         return kernel or "mkl", []
     n_in, out = weight_t.shape
-    x, bias = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(0)), torch.zeros(out)
-    weight = packed()
-    question = f"decoding linear {n_in}x{out}, {rows} rows, {torch.get_num_threads()} threads"
+    x = torch.randn(rows, n_in, generator=torch.Generator().manual_seed(0)).to(weight_t.dtype)
+    bias, weight = torch.zeros(out, dtype=weight_t.dtype), packed()
+    question = f"decoding linear {'bf16 ' if bf16 else ''}{n_in}x{out}, {rows} rows, {torch.get_num_threads()} threads"
     return choice(question, {"mkl": lambda: torch.addmm(bias, x, weight_t),
                              "onednn": lambda: onednn_mm(x, weight, bias)}), [question]
 
@@ -137,6 +141,14 @@ def onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
     if x.size(1) <= g.size(1):
         return onednn_mm(x.t(), g.t()).t()
     return onednn_mm(g.t(), x.t())
+
+
+def decoding_on_cpu(x: Tensor, weight: Tensor) -> bool:
+    """A decoding product mt's CPU kernels take: fp32 outside autocast, or bf16 (which autocast leaves as it is),
+    outside torch.compile."""
+    if x.device.type != "cpu" or x.dtype != weight.dtype or torch.compiler.is_compiling():
+        return False
+    return x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"))
 
 
 def plain_cpu_fp32(x: Tensor, weight: Tensor) -> bool:

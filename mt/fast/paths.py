@@ -79,8 +79,8 @@ def for_training(model: nn.Module) -> nn.Module:
 
 def for_inference(model: nn.Module, precision: str) -> nn.Module:
     """The model to decode with, in eval mode and changed in place (it can no longer be trained): its linear
-    layers frozen (`FrozenLinear`), or int8 dynamically quantized, its dropouts dropped, and plain-matmul attention
-    in decoding steps.
+    layers frozen (`FrozenLinear`, their weights in bf16 for bf16, which decodes under autocast), or int8 dynamically
+    quantized, its dropouts dropped, and plain-matmul attention in decoding steps.
 
     int8 quantizes every linear layer's weights once, a scale per output channel, and each activation on the fly
     (CPU only), at a small cost in BLEU (measure it with `mt evaluate`). Each activation's scale spans the whole batch
@@ -92,19 +92,20 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     if precision == "int8":
         model = quantize_int8(model)
     if enabled():
+        dtype = torch.bfloat16 if precision == "bf16" else None
         for module in transformers(model, FROZEN):
-            swap_children(module, frozen)
+            swap_children(module, lambda child: frozen(child, dtype))
         for module in transformers(model, STEP_ATTENTION):
             set_attention(module, attend=attention, attend_step=matmul_attention)
         mt.fast.native_step.install(model, precision)
     return model.eval()
 
 
-def frozen(child: nn.Module) -> nn.Module | None:
-    """What `for_inference` swaps in for a layer: `FrozenLinear` for a linear one, nothing for a dropout (a call
-    that does nothing in eval mode still costs a lone sentence's step time)."""
+def frozen(child: nn.Module, dtype: torch.dtype | None = None) -> nn.Module | None:
+    """What `for_inference` swaps in for a layer: `FrozenLinear` for a linear one (its weight in `dtype`), nothing for
+    a dropout (a call that does nothing in eval mode still costs a lone sentence's step time)."""
     if type(child) in (nn.Linear, Linear):
-        return FrozenLinear(child)
+        return FrozenLinear(child, dtype)
     if isinstance(child, nn.Dropout):
         return nn.Identity()
     return None
@@ -118,11 +119,14 @@ def fast_paths(model: nn.Module) -> list[str]:
     found = []
     if Linear in kinds:
         found.append(f"linear: fp32 matmuls on {kernel_note()}, a choice per weight")
-    if FrozenLinear in kinds:
-        found.append(f"linear: frozen, weights transposed; fp32 matmuls on {kernel_note()}, a choice per weight and "
-                     "rows")
+    frozen_dtypes = {m.weight_t.dtype for m in model.modules() if isinstance(m, FrozenLinear)}
+    if frozen_dtypes:
+        dtypes = "bf16" if frozen_dtypes == {torch.bfloat16} else "fp32"
+        found.append(f"linear: frozen, {dtypes} weights transposed; matmuls on {kernel_note()}, a choice per weight "
+                     "and rows")
     if quantized(model):
-        found.append("linear: int8 per output channel, dynamically quantized")
+        found.append("linear: int8 per output channel, dynamically quantized; on the faster of fbgemm and oneDNN as "
+                     "measured, a choice per weight and rows")
     if Dropout in kinds:
         found.append("dropout: 16-bit masks")
     if layers and layers[0].attend is cpu_training_attention:

@@ -275,7 +275,9 @@ class Transformer(nn.Module):
         # Contiguous once here, or every step's attention would copy the strided views again.
         mem_kv = [[t.contiguous() for t in layer.cross_attn.memory_kv(memory)] for layer in self.decoder]
         rows, h, dh = memory.size(0) * beam, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads
-        empty = [memory.new_empty((steps, rows, h, dh)) for _ in range(2 * len(self.decoder))]
+        # In the dtype the step's products give (bf16 under autocast), or each step would cast the whole cache.
+        dtype = mem_kv[0][0].dtype if mem_kv else memory.dtype
+        empty = [memory.new_empty((steps, rows, h, dh), dtype=dtype) for _ in range(2 * len(self.decoder))]
         return DecoderCache([k for k, _ in mem_kv], [v for _, v in mem_kv], empty[0::2], empty[1::2], src_mask,
                             beam=beam)
 

@@ -195,7 +195,7 @@ def test_fast_paths_say_which_kernels_the_products_may_take(monkeypatch, kernel)
     paths = fast_paths(for_inference(tiny_model(), "fp32")) + fast_paths(for_training(tiny_model()))
     note = {"onednn": "oneDNN (MT_CPU_MATMUL)", "mkl": "MKL (MT_CPU_MATMUL)",
             "auto": "the faster of MKL and oneDNN as measured" if onednn_available() else "MKL"}[kernel]
-    assert f"linear: frozen, weights transposed; fp32 matmuls on {note}, a choice per weight and rows" in paths
+    assert f"linear: frozen, fp32 weights transposed; matmuls on {note}, a choice per weight and rows" in paths
     assert f"linear: fp32 matmuls on {note}, a choice per weight" in paths
 
 

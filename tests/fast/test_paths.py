@@ -1,4 +1,5 @@
 import copy
+import re
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ from torch import nn
 
 import mt.fast.attention
 import mt.fast.choose
+import mt.fast.frozen
 import mt.fast.linear
 import mt.fast.loss
 import mt.fast.paths
@@ -205,16 +207,34 @@ def test_int8_model_stays_close_to_fp32():
     assert torch.nn.functional.cosine_similarity(full.flatten(), q.flatten(), dim=0) > 0.99
 
 
-def test_int8_layers_compute_exactly_what_pytorchs_quantized_layer_does():
-    """`Int8Linear` calls the quantized kernel directly: the same numbers as torch's dynamically quantized Linear."""
+@pytest.mark.parametrize("onednn_from_rows", [1, 16, 1 << 20], ids=["onednn", "from 16 rows", "fbgemm"])
+def test_int8_layers_compute_what_pytorchs_quantized_layer_does_on_either_kernel(monkeypatch, onednn_from_rows):
+    """`Int8Linear` calls the quantized kernel directly: the numbers of torch's dynamically quantized Linear, exactly
+    on fbgemm's kernel, to fp32 rounding on oneDNN's, which it takes where the chooser says, asked once for each
+    power of two of rows."""
+    asked = []
+
+    def choice(question: str, candidates: dict) -> str:
+        asked.append(question)
+        return "onednn" if int(re.search(r"(\d+) rows", question).group(1)) >= onednn_from_rows else "fbgemm"
+
+    monkeypatch.setattr(mt.fast.frozen, "choice", choice)
     model = for_inference(preset_model("small"), "int8")
     layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert len(layers) == len([m for m in preset_model("small").modules() if isinstance(m, nn.Linear)])
     for layer in (layers[0], model.output):
         plain = torch.ao.nn.quantized.dynamic.Linear(layer.in_features, layer.out_features)
         plain.set_weight_bias(*layer._weight_bias())
-        for x in (torch.randn(1, layer.in_features), torch.randn(3, 5, layer.in_features)):
-            assert torch.equal(layer(x), plain(x))
+        for rows, x in ((1, torch.randn(1, layer.in_features)), (16, torch.randn(4, 4, layer.in_features))):
+            for _ in range(2):
+                if rows >= onednn_from_rows:
+                    torch.testing.assert_close(layer(x), plain(x))
+                else:
+                    assert torch.equal(layer(x), plain(x))
+        threads = torch.get_num_threads()
+        shape = f"{layer.in_features}x{layer.out_features}"
+        assert asked[-2:] == [f"int8 linear {shape}, {rows} rows, {threads} threads" for rows in (1, 16)]
+        assert ("_onednn" in layer.__dict__) == (onednn_from_rows <= 16)
 
 
 def test_int8_scores_every_piece_closely_even_where_the_output_rows_differ_in_scale():
@@ -243,6 +263,27 @@ def test_frozen_fp32_model_translates_exactly_as_the_trained_one():
     assert [h.tokens for h in greedy(model, src)] == [h.tokens for h in greedy(frozen, src)]
     assert [[h.tokens for h in hs] for hs in beam_search(model, src, 3, nbest=3)] == \
         [[h.tokens for h in hs] for hs in beam_search(frozen, src, 3, nbest=3)]
+
+
+def test_bf16_model_holds_bf16_weights_and_cache_and_decodes_in_or_out_of_autocast():
+    """--precision bf16: the weights cast once (not at every call under autocast), the cache in bf16 (not cast at
+    every step), and the model still callable outside autocast, in fp32 out."""
+    model = preset_model("small")
+    bf16 = for_inference(copy.deepcopy(model), "bf16")
+    layers = [m for m in bf16.modules() if isinstance(m, FrozenLinear)]
+    assert layers and all(m.weight_t.dtype == torch.bfloat16 for m in layers)
+    src = pad([[5, 6, 7, 8, 9, 10], [11, 12, 13]], [], [EOS])
+    tgt = torch.tensor([[BOS, 11, 12, 13], [BOS, 14, 15, 16]])
+    with torch.inference_mode():
+        full = model(src, tgt)
+        outside = bf16(src, tgt)
+        with torch.autocast("cpu", torch.bfloat16):
+            inside = bf16(src, tgt)
+            memory, src_mask = bf16.encode(src)
+            assert bf16.start_cache(memory, src_mask).self_k[0].dtype == torch.bfloat16
+    assert outside.dtype == torch.float32
+    for ours in (outside, inside):
+        assert_close(ours, full, bf16_error=5e-2)
 
 
 def test_compiled_decoding_translates_as_the_eager_model(loaded):
