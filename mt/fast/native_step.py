@@ -201,17 +201,18 @@ def shape_of(model: Transformer, part: str) -> str:
     return f"{layers} layers of {cfg.d_model}x{cfg.d_ff}, {cfg.n_heads} heads, {cfg.norm}-norm, vocabulary {vocab}"
 
 
-def measured_limit(fixed: int | None, limits: Kept, question: str, sizes: tuple[int, ...],
+def measured_limit(fixed: int | None, limits: Kept, question: Callable[[], str], sizes: tuple[int, ...],
                    plain: Callable[[int], Callable[[], object]], native: Callable[[int], Callable[[], object]]) -> int:
     """`fixed` if set; else the largest of `sizes` (ascending) up to which the C code is measured the faster at each
-    size, 0 if at none, once for each thread count (kept in `limits`). `question` names the part, its shape and the
-    unit of `sizes`; `plain(size)` and `native(size)` give the calls timed."""
+    size, 0 if at none, once for each thread count (kept in `limits`). `question()` names the part, its shape and the
+    unit of `sizes` (made only when asked: a lone sentence's step checks the limit every step); `plain(size)` and
+    `native(size)` give the calls timed."""
     if fixed is not None:
         return fixed
     threads = torch.get_num_threads()
     limit = limits.get(threads)
     if limit is None:
-        part, _, unit = question.rpartition(", ")
+        part, _, unit = question().rpartition(", ")
         limit, asked = 0, []
         with torch.inference_mode():
             for size in sizes:
@@ -268,7 +269,7 @@ class NativeDecodeStep:
     def rows_limit(self) -> int:
         """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this
         model at the threads PyTorch runs (mt/fast/choose.py), once."""
-        return measured_limit(self.max_rows, self.limits, f"decoding step in C or PyTorch, {self.precision}, "
+        return measured_limit(self.max_rows, self.limits, lambda: f"decoding step in C or PyTorch, {self.precision}, "
                               f"{shape_of(self.model, 'decoder')}, rows", STEP_ROWS,
                               lambda rows: self.timed(rows, self.plain), lambda rows: self.timed(rows, None))
 
@@ -363,7 +364,7 @@ class NativeEncode:
     def positions_limit(self) -> int:
         """Up to how many source positions (sentences x length) the C encoder takes a batch: `max_rows` if set, else
         as measured on this machine for this model at the threads PyTorch runs (the C encoder runs on one), once."""
-        return measured_limit(self.max_rows, self.limits, f"encoder in C or PyTorch, {self.precision}, "
+        return measured_limit(self.max_rows, self.limits, lambda: f"encoder in C or PyTorch, {self.precision}, "
                               f"{shape_of(self.model, 'encoder')}, source positions", ENCODE_POSITIONS,
                               lambda n: self.timed(n, self.plain), lambda n: self.timed(n, self.run))
 
