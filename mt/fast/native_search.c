@@ -91,3 +91,45 @@ void mt_top_logprobs(const float *logits, int rows, int vocab, int width, int ba
         for (int k = 0; k < width; k++) best[k] -= log_total;
     }
 }
+
+int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int t, int beam, int n_src,
+            const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits);
+
+/* Greedy search over `rows` rows (a sentence each) from position 0 with the C step, as mt/decode/few_rows.py's
+ * `few_greedy` searches: each row's most likely token (EOS barred before `min_len`; EOS, log-probability 0, at the
+ * row's limit), until every row has ended or `steps` steps; ended rows decode on, their outputs ignored. Writes each
+ * row's tokens before EOS into `found` (rows, steps), their count into `lengths`, the summed log-probabilities into
+ * `logprobs`. Returns mt_step's status: 0, or -1 when out of memory. */
+int mt_greedy(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int n_src, int steps,
+              int vocab, int min_len, int bos, int eos, const int64_t *limits, void *const *caches,
+              const uint8_t *src_mask, int64_t *found, int64_t *lengths, float *logprobs) {
+    float *logits = malloc(sizeof(float) * (size_t)rows * vocab);
+    int64_t *last = malloc(sizeof(int64_t) * rows);
+    char *ended = calloc(rows, 1);
+    int status = logits && last && ended ? 0 : -1;
+    for (int r = 0; r < rows; r++) last[r] = bos, lengths[r] = 0, logprobs[r] = 0.0f;
+    for (int t = 0; t < steps && status == 0; t++) {
+        status = mt_step(dims, eps_scale, params, rows, t, 1, n_src, last, caches, src_mask, logits);
+        int running = 0;
+        for (int r = 0; r < rows && status == 0; r++) {
+            if (ended[r]) continue;
+            float best = 0.0f;
+            int64_t token = eos;
+            if (limits[r] > t + 1) mt_top_logprobs(logits + (size_t)r * vocab, 1, vocab, 1, t < min_len ? eos : -1,
+                                                   &best, &token);
+            logprobs[r] += best;
+            last[r] = token;
+            if (token == eos) {
+                ended[r] = 1;
+            } else {
+                found[(size_t)r * steps + lengths[r]++] = token;
+                running++;
+            }
+        }
+        if (!running) break;
+    }
+    free(logits);
+    free(last);
+    free(ended);
+    return status;
+}

@@ -6,10 +6,10 @@ operations around them. Through PyTorch each costs microseconds of dispatch what
 products read the weights at half the speed the memory allows (docs/performance.md). In C the step costs what
 reading its weights costs. It reads its own copy of the decoder's weights, packed in panels of outputs so that a few
 rows' sums stay in registers while the weights stream in memory order: one more byte per weight in int8, four in
-fp32 (mt/fast/native_layout.py lays them out). Beside the step the library holds beam search's two helpers for a
-few rows (native_search.c: each row's best tokens and log-probabilities, the cache rows a step moves;
-mt/decode/few_rows.py), and the encoder (`mt_encode`): for a lone sentence PyTorch's encoder likewise spends more
-time dispatching than multiplying.
+fp32 (mt/fast/native_layout.py lays them out). Beside the step the library holds the searches' helpers for a few
+rows (native_search.c: each row's best tokens and log-probabilities, the cache rows a step moves, and a whole
+greedy search; mt/decode/few_rows.py), and the encoder (`mt_encode`): for a lone sentence PyTorch's encoder
+likewise spends more time dispatching than multiplying.
 
 `install(model, precision)` (called by `mt.fast.paths.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`, where the model's contract
@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from mt.data.tokenizer import PAD
+from mt.data.tokenizer import BOS, EOS, PAD
 from mt.device import cache_dir
 from mt.errors import MtError
 from mt.fast.choose import Kept, choice
@@ -138,6 +138,8 @@ def load() -> ctypes.CDLL | None:
     lib.mt_weight_names.restype = ctypes.c_char_p
     lib.mt_encode.argtypes = [pointer, pointer, pointer, i32, i32, pointer, pointer, pointer]
     lib.mt_encode.restype = i32
+    lib.mt_greedy.argtypes = [pointer, pointer, pointer, *[i32] * 7, *[pointer] * 6]
+    lib.mt_greedy.restype = i32
     lib.instruction_set = isa
     return lib
 
@@ -241,6 +243,7 @@ class NativeDecodeStep:
         lib = library()
         self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
                                                                  lib.instruction_set)
+        self.greedy_in_c = lib.mt_greedy
         self.weights = Layout(model, precision, "decoder", lib)
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
@@ -265,6 +268,27 @@ class NativeDecodeStep:
             raise MemoryError("the C decoding step could not allocate its working memory")
         return logits, DecoderCache(cache.mem_k, cache.mem_v, cache.self_k, cache.self_v, cache.src_mask, t + 1,
                                     cache.beam, self.move_rows)
+
+    def greedy(self, cache: DecoderCache, limits: list[int], min_len: int) -> list[tuple[list[int], float]] | None:
+        """`few_greedy`'s search from a fresh `cache` (a row a sentence) in one call into C, which runs the step and
+        picks each row's token: each row's tokens and summed log-probability; None where the C step does not take
+        these rows (PyTorch's search runs then)."""
+        rows, steps = cache.self_k[0].size(1), max(limits)
+        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
+                   for b in layer]
+        first = torch.full((rows,), BOS, dtype=torch.long)
+        if cache.length or cache.beam != 1 or steps > cache.self_k[0].size(0) or not self.fits(first, cache, buffers):
+            return None
+        src_mask, held = cache.src_mask.contiguous(), torch.tensor(limits, dtype=torch.long)
+        found, lengths = torch.zeros(rows, steps, dtype=torch.long), torch.zeros(rows, dtype=torch.long)
+        logprobs = torch.zeros(rows)
+        w, pointers = self.weights, (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+        status = self.greedy_in_c(w.dims, w.eps_scale, w.params, rows, src_mask.size(-1), steps, self.vocab, min_len,
+                                  BOS, EOS, held.data_ptr(), pointers, src_mask.data_ptr(), found.data_ptr(),
+                                  lengths.data_ptr(), logprobs.data_ptr())
+        if status != 0:
+            raise MemoryError("the C greedy search could not allocate its working memory")
+        return [(row[:n], lp) for row, n, lp in zip(found.tolist(), lengths.tolist(), logprobs.tolist(), strict=True)]
 
     def rows_limit(self) -> int:
         """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this

@@ -294,6 +294,35 @@ def test_a_lone_sentence_decoded_in_c_is_pytorch_s():
     assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_greedy_search_in_one_call_into_c_finds_what_the_search_step_by_step_finds(precision, seed):
+    """A few sentences' greedy search, all of it in C: the tokens and log-probabilities of the search in Python over
+    the same C step, rows ending at their own steps (EOS, or each one's length limit; EOS barred before min_len)."""
+    def ending_often() -> nn.Module:  # EOS about as likely as the best other token
+        model = tiny_model(seed=seed, output_bias=True)
+        with torch.no_grad():
+            model.output.bias[EOS] = 2.5
+        return for_inference(model, precision)
+
+    native, stepwise = ending_often(), ending_often()
+    stepwise.decode_step.greedy = None  # the search in Python, each step in C
+    calls = []
+    real = native.decode_step.greedy_in_c
+    native.decode_step.greedy_in_c = lambda *args: calls.append(1) or real(*args)
+    for model in (native, stepwise):
+        model.decode_step.max_rows = 16
+    lengths = set()
+    for src, min_len in ((pad(SOURCES, [], []), 0), (pad(SOURCES, [], []), 3), (pad(SOURCES[1:2], [], []), 0)):
+        ours, theirs = (greedy(m, src, max_len_a=1.0, max_len_b=2, min_len=min_len) for m in (native, stepwise))
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.logprob for h in ours] == pytest.approx([h.logprob for h in theirs], abs=1e-4)
+        assert all(len(h.tokens) >= min_len for h in ours)
+        lengths.update(len(h.tokens) for h in ours)
+    assert len(calls) == 3
+    assert min(lengths) < 3 and len(lengths) >= 2  # rows ended at several steps, some before min_len would allow
+
+
 @pytest.mark.parametrize("vocab", [8000, 45, 5])  # a whole number of lanes, not, and fewer tokens than asked
 def test_candidates_ranked_in_c_are_pytorch_s(vocab):
     native, _ = models("fp32")
