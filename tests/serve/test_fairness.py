@@ -1,7 +1,9 @@
 """One client cannot hurt another: on a real server, the heaviest request its limits allow (every text a document
 of as many sentences as --max-sentences lets through, the widest beam, a glossary of --max-glossary-terms terms with
---max-sentence-terms to place in each sentence) runs while ordinary clients translate a line and ask /health; their
-median latency stays within a small multiple of the same server's idle, measured first in the same test."""
+--max-sentence-terms to place in each sentence) runs while ordinary clients translate a line and ask /health. The
+heavy request's slices take the model about a quantum each (mt/serve/batcher.py), so a line waits about one slice,
+not the whole request: its median latency stays within the idle server's (measured first in the same test) and two
+quanta, on any CPU; /health, which needs no model, within a small multiple of its idle median."""
 
 import random
 import statistics
@@ -14,13 +16,17 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("sentencex")
 
+from mt.serve.batcher import QUANTUM  # noqa: E402
+
 from ..conftest import LEXICON  # noqa: E402
 from .test_app import start_server  # noqa: E402
 
-LIMITS = {"max-lines": 4, "max-chars": 1000, "max-sentences": 96, "max-beam": 8, "max-glossary-terms": 200,
+# Sentences enough that the heaviest request lasts many quanta, on the fastest CPU met too: unsliced, a line
+# would wait half of it
+LIMITS = {"max-lines": 4, "max-chars": 4000, "max-sentences": 384, "max-beam": 8, "max-glossary-terms": 200,
           "max-sentence-terms": 3, "timeout": 300}
 PLACED = ["hund", "katze", "baum"]  # the words of the heavy request's sentences: 3 terms each to place
-MULTIPLE = 10  # of the idle median: generous, for a shared 2-core machine
+MULTIPLE = 10  # of /health's idle median: generous, for a shared 2-core machine
 ROUNDS = 20  # requests of each kind that each ordinary client sends, idle and beside the heavy one
 
 
@@ -90,6 +96,7 @@ def test_ordinary_clients_keep_their_latency_while_the_heaviest_allowed_request_
     heavy.join(300)
     assert answers and all(a.status_code == 200 for a in answers), answers[-1].text
     assert len(answers[0].json()["translations"]) == LIMITS["max-lines"]
-    for what in ("translate", "health"):
-        calm, loaded = statistics.median(idle[what]), statistics.median(busy[what])
-        assert loaded <= MULTIPLE * calm, (what, calm, loaded)
+    calm, loaded = statistics.median(idle["translate"]), statistics.median(busy["translate"])
+    assert loaded <= calm + 2 * QUANTUM, ("translate", calm, loaded)
+    calm, loaded = statistics.median(idle["health"]), statistics.median(busy["health"])
+    assert loaded <= MULTIPLE * calm, ("health", calm, loaded)
