@@ -189,7 +189,9 @@ async def one_by_one(app, lines: list[str]) -> list[str]:
 
 
 def test_a_full_queue_and_a_slow_answer_are_refused_clearly_and_others_are_undisturbed(checkpoint):
-    app = serve_app(checkpoint, max_waiting=1, timeout=0.3)
+    # The queued request must still be waiting when the third arrives: a second of timeout, not a loaded CI
+    # machine's stall (0.3 s once let it time out first, and the third was queued)
+    app = serve_app(checkpoint, max_waiting=1, timeout=1.0)
     served = app.state.models["de-en"]
     inside, release = held(served.batcher)
 
