@@ -61,6 +61,10 @@ def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a
     limits = max_lengths(src, max_len_a, max_len_b, model.cfg.max_len).tolist()
     n, k, steps = src.size(0), beam, max(limits)
     cache = model.start_cache(memory, src_mask, steps, beam=k)
+    in_c = getattr(model.decode_step, "beam_search", None) if n == 1 else None  # a lone sentence, all in C
+    searched = in_c(cache, steps, len_penalty, nbest, min_len) if in_c is not None else None
+    if searched is not None:
+        return [[Hypothesis(tokens, score, logprob) for tokens, score, logprob in searched]]
     active = list(range(n))  # the original sentence of each running one
     scores = [[0.0] + [-math.inf] * (k - 1) for _ in range(n)]  # per running sentence, per slot
     prefixes: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]

@@ -133,3 +133,119 @@ int mt_greedy(const int64_t *dims, const float *eps_scale, void *const *params, 
     free(ended);
     return status;
 }
+
+typedef struct { double score; int parent; int64_t token; } Candidate;
+
+/* Sorts `c` by score, highest first, keeping equals in their order (as Python's sorted, stable). */
+static void sort_candidates(Candidate *c, int n) {
+    for (int i = 1; i < n; i++) {
+        Candidate x = c[i];
+        int j = i;
+        for (; j > 0 && c[j - 1].score < x.score; j--) c[j] = c[j - 1];
+        c[j] = x;
+    }
+}
+
+/* Beam search of one sentence over `beam` rows with the C step, as mt/decode/few_rows.py's `few_beam_search`
+ * searches it: each row's 2 * beam best tokens (EOS barred before `min_len`; only EOS, log-probability 0, at step
+ * `limit`), a hypothesis finished where EOS is among the `beam` best candidates, the live beams kept in their parents'
+ * slots (`few_slot_order`) and the cache's moved rows copied, until no live beam can beat the `nbest`-th finished one
+ * (GNMT length penalty `alpha`). Writes up to `nbest` hypotheses, best first: their tokens (nbest, limit), lengths,
+ * scores and log-probabilities, and returns how many; -1 when out of memory. `caches` as mt_step's; `self_caches`
+ * the self-attention buffers alone, as mt_move_rows's. */
+int mt_beam(const int64_t *dims, const float *eps_scale, void *const *params, int beam, int n_src, int limit,
+            int vocab, int min_len, int bos, int eos, double alpha, int nbest, void *const *caches,
+            void *const *self_caches, int n_self, int row_floats, const uint8_t *src_mask, int64_t *found,
+            int64_t *lengths, double *scores_out, double *logprobs_out) {
+    int width = 2 * beam, held = nbest + beam;
+    float *logits = malloc(sizeof(float) * (size_t)beam * vocab), *lp = malloc(sizeof(float) * width);
+    int64_t *last = malloc(sizeof(int64_t) * beam), *tok = malloc(sizeof(int64_t) * width);
+    int64_t *prefix = malloc(sizeof(int64_t) * 2 * (size_t)beam * limit);
+    int64_t *hyp_tokens = malloc(sizeof(int64_t) * (size_t)held * limit);
+    int64_t *to = malloc(sizeof(int64_t) * beam), *from = malloc(sizeof(int64_t) * beam);
+    Candidate *cand = malloc(sizeof(Candidate) * (size_t)beam * width), live[32];
+    double *score = malloc(sizeof(double) * beam), *hyp_score = malloc(sizeof(double) * held);
+    double *hyp_logprob = malloc(sizeof(double) * held);
+    int *hyp_length = malloc(sizeof(int) * held), *order = malloc(sizeof(int) * beam), n_hyps = 0, status = 0;
+    if (!logits || !lp || !last || !tok || !prefix || !hyp_tokens || !to || !from || !cand || !score || !hyp_score ||
+        !hyp_logprob || !hyp_length || !order || beam > 16) {
+        status = -1;
+        goto done;
+    }
+    int64_t *now = prefix, *next = prefix + (size_t)beam * limit;
+    for (int j = 0; j < beam; j++) last[j] = bos, score[j] = j ? -INFINITY : 0.0;
+    for (int t = 0; t < limit; t++) {
+        if (mt_step(dims, eps_scale, params, beam, t, beam, n_src, last, caches, src_mask, logits) != 0) {
+            status = -1;
+            goto done;
+        }
+        double penalty = pow((5.0 + (t + 1)) / 6.0, alpha);
+        int n = 0;
+        for (int j = 0; j < beam; j++) {
+            if (t + 1 >= limit) { /* the last step: only EOS */
+                cand[n++] = (Candidate){score[j], j, eos};
+                for (int w = 1; w < width; w++) cand[n++] = (Candidate){-INFINITY, j, eos};
+                continue;
+            }
+            mt_top_logprobs(logits + (size_t)j * vocab, 1, vocab, width, t < min_len ? eos : -1, lp, tok);
+            for (int w = 0; w < width; w++) cand[n++] = (Candidate){score[j] + (double)lp[w], j, tok[w]};
+        }
+        sort_candidates(cand, n);
+        for (int c = 0; c < beam; c++) { /* Finished.add: kept sorted, equals in the order they came */
+            if (cand[c].token != eos || !(cand[c].score > -INFINITY)) continue;
+            double normed = cand[c].score / penalty;
+            int at = n_hyps < held ? n_hyps++ : held - 1;
+            for (; at > 0 && hyp_score[at - 1] < normed; at--) {
+                hyp_score[at] = hyp_score[at - 1], hyp_logprob[at] = hyp_logprob[at - 1];
+                hyp_length[at] = hyp_length[at - 1];
+                memcpy(hyp_tokens + (size_t)at * limit, hyp_tokens + (size_t)(at - 1) * limit, sizeof(int64_t) * t);
+            }
+            hyp_score[at] = normed, hyp_logprob[at] = cand[c].score, hyp_length[at] = t;
+            memcpy(hyp_tokens + (size_t)at * limit, now + (size_t)cand[c].parent * limit, sizeof(int64_t) * t);
+            if (n_hyps > nbest) n_hyps = nbest;
+        }
+        double kth_best = n_hyps >= nbest ? hyp_score[nbest - 1] : -INFINITY;
+        int n_live = n < width ? n : width;
+        for (int c = 0; c < n_live; c++)
+            live[c] = cand[c], live[c].score = cand[c].token == eos ? -INFINITY : cand[c].score;
+        sort_candidates(live, n_live);
+        if (!(kth_best < live[0].score / penalty)) break; /* no live beam can beat the nbest-th finished one */
+        /* few_slot_order: a parent's first child keeps its slot, the others fill the childless slots in order */
+        int slot[16], childless = 0, taken[16] = {0};
+        for (int c = 0; c < beam; c++) taken[live[c].parent] = 1;
+        for (int c = 0; c < beam; c++) {
+            int first = 1;
+            for (int e = 0; e < c; e++) first &= live[e].parent != live[c].parent;
+            if (first) {
+                slot[c] = live[c].parent;
+            } else {
+                while (taken[childless]) childless++;
+                slot[c] = childless++;
+            }
+        }
+        for (int c = 0; c < beam; c++) order[slot[c]] = c;
+        int moved = 0;
+        for (int at = 0; at < beam; at++) {
+            Candidate chosen = live[order[at]];
+            if (chosen.parent != at) to[moved] = at, from[moved] = chosen.parent, moved++;
+            memcpy(next + (size_t)at * limit, now + (size_t)chosen.parent * limit, sizeof(int64_t) * t);
+            next[(size_t)at * limit + t] = chosen.token;
+            last[at] = chosen.token, score[at] = chosen.score;
+        }
+        int64_t *swap = now;
+        now = next, next = swap;
+        if (moved && mt_move_rows(self_caches, n_self, t + 1, beam, row_floats, to, from, moved) != 0) {
+            status = -1;
+            goto done;
+        }
+    }
+    for (int h = 0; h < n_hyps; h++) {
+        memcpy(found + (size_t)h * limit, hyp_tokens + (size_t)h * limit, sizeof(int64_t) * hyp_length[h]);
+        lengths[h] = hyp_length[h], scores_out[h] = hyp_score[h], logprobs_out[h] = hyp_logprob[h];
+    }
+    status = n_hyps;
+done:
+    free(logits), free(lp), free(last), free(tok), free(prefix), free(hyp_tokens), free(to), free(from), free(cand);
+    free(score), free(hyp_score), free(hyp_logprob), free(hyp_length), free(order);
+    return status;
+}

@@ -140,6 +140,9 @@ def load() -> ctypes.CDLL | None:
     lib.mt_encode.restype = i32
     lib.mt_greedy.argtypes = [pointer, pointer, pointer, *[i32] * 7, *[pointer] * 6]
     lib.mt_greedy.restype = i32
+    lib.mt_beam.argtypes = [pointer, pointer, pointer, *[i32] * 7, ctypes.c_double, i32, pointer, pointer, i32, i32,
+                            *[pointer] * 5]
+    lib.mt_beam.restype = i32
     lib.instruction_set = isa
     return lib
 
@@ -243,7 +246,7 @@ class NativeDecodeStep:
         lib = library()
         self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
                                                                  lib.instruction_set)
-        self.greedy_in_c = lib.mt_greedy
+        self.greedy_in_c, self.beam_in_c = lib.mt_greedy, lib.mt_beam
         self.weights = Layout(model, precision, "decoder", lib)
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
@@ -289,6 +292,32 @@ class NativeDecodeStep:
         if status != 0:
             raise MemoryError("the C greedy search could not allocate its working memory")
         return [(row[:n], lp) for row, n, lp in zip(found.tolist(), lengths.tolist(), logprobs.tolist(), strict=True)]
+
+    def beam_search(self, cache: DecoderCache, limit: int, len_penalty: float, nbest: int,
+                    min_len: int) -> list[tuple[list[int], float, float]] | None:
+        """`few_beam_search` of one sentence from a fresh `cache` (its `beam` rows) in one call into C: its `nbest`
+        hypotheses, best first, as tokens, score and log-probability; None where the C step does not take it."""
+        rows = cache.self_k[0].size(1)
+        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
+                   for b in layer]
+        first = torch.full((rows,), BOS, dtype=torch.long)
+        if (cache.length or cache.beam != rows or cache.mem_k[0].size(0) != 1 or rows > 16 or 2 * rows + 1 > self.vocab
+                or limit > cache.self_k[0].size(0) or not self.fits(first, cache, buffers)):
+            return None
+        src_mask = cache.src_mask.contiguous()
+        found, lengths = torch.zeros(nbest, limit, dtype=torch.long), torch.zeros(nbest, dtype=torch.long)
+        scores, logprobs = torch.zeros(nbest, dtype=torch.float64), torch.zeros(nbest, dtype=torch.float64)
+        own = cache.self_k + cache.self_v
+        w, pointers = self.weights, (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+        found_n = self.beam_in_c(w.dims, w.eps_scale, w.params, rows, src_mask.size(-1), limit, self.vocab, min_len,
+                                 BOS, EOS, len_penalty, nbest, pointers,
+                                 (ctypes.c_void_p * len(own))(*[b.data_ptr() for b in own]), len(own),
+                                 own[0][0, 0].numel(), src_mask.data_ptr(), found.data_ptr(), lengths.data_ptr(),
+                                 scores.data_ptr(), logprobs.data_ptr())
+        if found_n < 0:
+            raise MemoryError("the C beam search could not allocate its working memory")
+        kept = [t.tolist()[:found_n] for t in (found, lengths, scores, logprobs)]
+        return [(row[:n], score, logprob) for row, n, score, logprob in zip(*kept, strict=True)]
 
     def rows_limit(self) -> int:
         """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this

@@ -323,6 +323,35 @@ def test_greedy_search_in_one_call_into_c_finds_what_the_search_step_by_step_fin
     assert min(lengths) < 3 and len(lengths) >= 2  # rows ended at several steps, some before min_len would allow
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_lone_sentence_s_beam_search_in_one_call_into_c_finds_what_the_search_step_by_step_finds(precision, seed):
+    """All of a lone sentence's beam search in C: the n-best lists, scores and log-probabilities of the search in
+    Python over the same C step, hypotheses finishing at several steps (EOS favoured), with and without min_len."""
+    def ending_often() -> nn.Module:
+        model = tiny_model(seed=seed, output_bias=True)
+        with torch.no_grad():
+            model.output.bias[EOS] = 2.0
+        return for_inference(model, precision)
+
+    native, stepwise = ending_often(), ending_often()
+    stepwise.decode_step.beam_search = None  # the search in Python, each step in C
+    calls, real = [], native.decode_step.beam_in_c
+    native.decode_step.beam_in_c = lambda *args: calls.append(1) or real(*args)
+    for model in (native, stepwise):
+        model.decode_step.max_rows = 16
+    lengths = set()
+    for src in (pad(SOURCES[:1], [], []), pad(SOURCES[1:2], [], [])):
+        for beam, nbest, alpha, min_len in ((4, 1, 0.6, 0), (3, 3, 1.0, 0), (2, 2, 0.0, 3), (5, 2, 0.6, 0)):
+            ours, theirs = (beam_search(m, src, beam, alpha, 1.0, 3, nbest, min_len)[0] for m in (native, stepwise))
+            assert [h.tokens for h in ours] == [h.tokens for h in theirs], (beam, nbest, alpha, min_len)
+            assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-6)
+            assert [h.logprob for h in ours] == pytest.approx([h.logprob for h in theirs], abs=1e-6)
+            lengths.update(len(h.tokens) for h in ours)
+    assert len(calls) == 8
+    assert len(lengths) >= 3  # hypotheses ended at several steps
+
+
 @pytest.mark.parametrize("vocab", [8000, 45, 5])  # a whole number of lanes, not, and fewer tokens than asked
 def test_candidates_ranked_in_c_are_pytorch_s(vocab):
     native, _ = models("fp32")
