@@ -294,18 +294,20 @@ def test_a_lone_sentence_decoded_in_c_is_pytorch_s():
     assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4)
 
 
+def ending_often(seed: int, precision: str, eos_bias: float) -> nn.Module:
+    """A tiny model for decoding in which EOS is about as likely as the best other token."""
+    model = tiny_model(seed=seed, output_bias=True)
+    with torch.no_grad():
+        model.output.bias[EOS] = eos_bias
+    return for_inference(model, precision)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 @pytest.mark.parametrize("seed", [3, 4, 5])
 def test_greedy_search_in_one_call_into_c_finds_what_the_search_step_by_step_finds(precision, seed):
     """A few sentences' greedy search, all of it in C: the tokens and log-probabilities of the search in Python over
     the same C step, rows ending at their own steps (EOS, or each one's length limit; EOS barred before min_len)."""
-    def ending_often() -> nn.Module:  # EOS about as likely as the best other token
-        model = tiny_model(seed=seed, output_bias=True)
-        with torch.no_grad():
-            model.output.bias[EOS] = 2.5
-        return for_inference(model, precision)
-
-    native, stepwise = ending_often(), ending_often()
+    native, stepwise = ending_often(seed, precision, 2.5), ending_often(seed, precision, 2.5)
     stepwise.decode_step.greedy = None  # the search in Python, each step in C
     calls = []
     real = native.decode_step.greedy_in_c
@@ -328,13 +330,7 @@ def test_greedy_search_in_one_call_into_c_finds_what_the_search_step_by_step_fin
 def test_a_lone_sentence_s_beam_search_in_one_call_into_c_finds_what_the_search_step_by_step_finds(precision, seed):
     """All of a lone sentence's beam search in C: the n-best lists, scores and log-probabilities of the search in
     Python over the same C step, hypotheses finishing at several steps (EOS favoured), with and without min_len."""
-    def ending_often() -> nn.Module:
-        model = tiny_model(seed=seed, output_bias=True)
-        with torch.no_grad():
-            model.output.bias[EOS] = 2.0
-        return for_inference(model, precision)
-
-    native, stepwise = ending_often(), ending_often()
+    native, stepwise = ending_often(seed, precision, 2.0), ending_often(seed, precision, 2.0)
     stepwise.decode_step.beam_search = None  # the search in Python, each step in C
     calls, real = [], native.decode_step.beam_in_c
     native.decode_step.beam_in_c = lambda *args: calls.append(1) or real(*args)
