@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from mt.fast.choose import Kept, choice, rows_class
+from mt.fast.choose import LOCK, Kept, choice, rows_class
 from mt.fast.linear import decoding_kernel, decoding_on_cpu, onednn_mm, pack_for_onednn, relinked
 
 
@@ -76,12 +76,13 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
         return self.__dict__["_onednn"]
 
     def onednn_pack(self):
-        engine = torch.backends.quantized.engine
-        try:  # the engine set decides whose layout linear_prepack packs for
-            torch.backends.quantized.engine = "onednn"
-            return torch.ops.quantized.linear_prepack(*self._weight_bias())
-        finally:
-            torch.backends.quantized.engine = engine
+        with LOCK:  # the engine set, process-wide, decides whose layout linear_prepack packs for
+            engine = torch.backends.quantized.engine
+            try:
+                torch.backends.quantized.engine = "onednn"
+                return torch.ops.quantized.linear_prepack(*self._weight_bias())
+            finally:
+                torch.backends.quantized.engine = engine
 
     def set_weight_bias(self, weight: Tensor, bias: Tensor | None) -> None:
         super().set_weight_bias(weight, bias)
