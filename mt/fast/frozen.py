@@ -43,6 +43,11 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
     quantize the input alike (7-bit, `reduce_range`) and add in integers, so their outputs agree to fp32 rounding.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._onednn = None  # the weights packed for oneDNN, once it takes a product
+        self._kernels = Kept()  # (rows class, threads) → whether oneDNN takes the product
+
     def forward(self, x: Tensor) -> Tensor:
         packed = self._packed_params._packed_params
         rows = x.numel() // x.size(-1) if x.dim() else 1
@@ -53,27 +58,26 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
     def takes_onednn(self, rows: int) -> bool:
         """Whether oneDNN's int8 kernel is this machine's faster for `rows` inputs, measured once for each power of
         two of rows and threads."""
-        kernels = self.__dict__.setdefault("_kernels", Kept())  # (rows class, threads) → whether oneDNN takes it
         key = (rows_class(rows), torch.get_num_threads())
-        known = kernels.get(key)
+        known = self._kernels.get(key)
         if known is None:
             if "onednn" not in torch.backends.quantized.supported_engines:
-                return kernels.keep(key, False)
+                return self._kernels.keep(key, False)
             x = torch.randn(key[0], self.in_features, generator=torch.Generator().manual_seed(0))
-            plain, onednn = self._packed_params._packed_params, self.__dict__.get("_onednn")
-            onednn = self.onednn_pack() if onednn is None else onednn  # kept only if chosen
+            plain = self._packed_params._packed_params
+            onednn = self.onednn_pack() if self._onednn is None else self._onednn  # kept only if chosen
             question = f"int8 linear {self.in_features}x{self.out_features}, {key[0]} rows, {key[1]} threads"
             kernel = choice(question, {
                 "fbgemm": lambda: torch.ops.quantized.linear_dynamic(x, plain, reduce_range=True),
                 "onednn": lambda: torch.ops.quantized.linear_dynamic(x, onednn, reduce_range=True)})
-            known = kernels.keep(key, kernel == "onednn", question)
+            known = self._kernels.keep(key, kernel == "onednn", question)
         return known
 
     def onednn_packed(self):
         """The layer's int8 weights and bias packed for oneDNN, at first use, kept."""
-        if "_onednn" not in self.__dict__:
-            self.__dict__["_onednn"] = self.onednn_pack()
-        return self.__dict__["_onednn"]
+        if self._onednn is None:
+            self._onednn = self.onednn_pack()
+        return self._onednn
 
     def onednn_pack(self):
         with LOCK:  # the engine set, process-wide, decides whose layout linear_prepack packs for
@@ -86,11 +90,11 @@ class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
 
     def set_weight_bias(self, weight: Tensor, bias: Tensor | None) -> None:
         super().set_weight_bias(weight, bias)
-        self.__dict__.pop("_onednn", None)  # packed again from the new weights at next use
+        self._onednn = None  # packed again from the new weights at next use
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the oneDNN packing and the choices out: made again at first use."""
-        return {k: v for k, v in super().__getstate__().items() if k not in ("_onednn", "_kernels")}
+        return {**self.__dict__, "_onednn": None, "_kernels": Kept()}
 
 
 class FrozenLinear(nn.Module):
@@ -114,10 +118,14 @@ class FrozenLinear(nn.Module):
         self._kernels = Kept()  # (rows class, threads) → whether oneDNN takes the product
 
     def forward(self, x: Tensor) -> Tensor:
-        weight_t, bias = self.weight_t, self.bias  # once: a buffer is looked up through nn.Module.__getattr__
-        if x.dtype != weight_t.dtype:  # a bf16 layer: its input cast as autocast casts it; outside autocast, back
-            y = self(x.to(weight_t.dtype))
-            return y if torch.is_autocast_enabled(x.device.type) else y.to(x.dtype)
+        weight_t = self.weight_t  # once: a buffer is looked up through nn.Module.__getattr__
+        if x.dtype == weight_t.dtype:
+            return self.product(x, weight_t)
+        y = self.product(x.to(weight_t.dtype), weight_t)  # a bf16 layer: its input cast as autocast casts it
+        return y if torch.is_autocast_enabled(x.device.type) else y.to(x.dtype)  # outside autocast, back
+
+    def product(self, x: Tensor, weight_t: Tensor) -> Tensor:
+        bias = self.bias
         flat = x.reshape(-1, x.size(-1))
         if decoding_on_cpu(x, weight_t) and self.takes_onednn(flat.size(0)):
             return onednn_mm(flat, self.packed(weight_t), bias).view(*x.shape[:-1], weight_t.size(1))

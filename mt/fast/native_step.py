@@ -7,9 +7,9 @@ products read the weights at half the speed the memory allows (docs/performance.
 reading its weights costs. It reads its own copy of the decoder's weights, packed in panels of outputs so that a few
 rows' sums stay in registers while the weights stream in memory order: one more byte per weight in int8, four in
 fp32 (mt/fast/native_layout.py lays them out). Beside the step the library holds the searches' helpers for a few
-rows (native_search.c: each row's best tokens and log-probabilities, the cache rows a step moves, and a whole
-greedy search; mt/decode/few_rows.py), and the encoder (`mt_encode`): for a lone sentence PyTorch's encoder
-likewise spends more time dispatching than multiplying.
+rows (native_search.c: each row's best tokens and log-probabilities, the cache rows a step moves, a whole greedy
+search and a lone sentence's beam search; mt/decode/few_rows.py), and the encoder (`mt_encode`): for a lone
+sentence PyTorch's encoder likewise spends more time dispatching than multiplying.
 
 `install(model, precision)` (called by `mt.fast.paths.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`, where the model's contract
@@ -234,6 +234,17 @@ STEP_ROWS = (1, 2, 4, 8, 16, 32, 64)
 ENCODE_POSITIONS = (16, 32, 64, 128, 256, 512)
 
 
+def step_buffers(cache: DecoderCache) -> list[Tensor]:
+    """The cache's buffers per layer in native_step.c's order: self-attention keys and values, encoder keys and
+    values."""
+    return [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True) for b in layer]
+
+
+def addresses(tensors: list[Tensor]) -> ctypes.Array:
+    """The tensors' data addresses, as the C code takes an array of buffers."""
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
 class NativeDecodeStep:
     """`Transformer.decode_step` through native_step.c for as many rows as it is measured the faster for on this
     machine (`rows_limit`; `max_rows` fixes it), the model's own for more."""
@@ -250,8 +261,7 @@ class NativeDecodeStep:
         self.weights = Layout(model, precision, "decoder", lib)
 
     def __call__(self, tokens: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
-        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
-                   for b in layer]  # per layer, in native_step.c's order
+        buffers = step_buffers(cache)
         if not self.fits(tokens, cache, buffers):
             return self.plain(tokens, cache)  # it also raises the errors of a step past the cache or the positions
         return self.run(tokens, cache, buffers)
@@ -263,8 +273,7 @@ class NativeDecodeStep:
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)
         w = self.weights
         status = self.step(w.dims, w.eps_scale, w.params, rows, t, cache.beam, src_mask.size(-1), ids.data_ptr(),
-                           (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers]), src_mask.data_ptr(),
-                           logits.data_ptr())
+                           addresses(buffers), src_mask.data_ptr(), logits.data_ptr())
         if status == -2:
             return self.plain(tokens, cache)  # a token outside the vocabulary: PyTorch's step says so
         if status != 0:
@@ -277,17 +286,15 @@ class NativeDecodeStep:
         picks each row's token: each row's tokens and summed log-probability; None where the C step does not take
         these rows (PyTorch's search runs then)."""
         rows, steps = cache.self_k[0].size(1), max(limits)
-        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
-                   for b in layer]
-        first = torch.full((rows,), BOS, dtype=torch.long)
-        if cache.length or cache.beam != 1 or steps > cache.self_k[0].size(0) or not self.fits(first, cache, buffers):
+        buffers = self.searchable(cache, steps)
+        if buffers is None or cache.beam != 1:
             return None
         src_mask, held = cache.src_mask.contiguous(), torch.tensor(limits, dtype=torch.long)
         found, lengths = torch.zeros(rows, steps, dtype=torch.long), torch.zeros(rows, dtype=torch.long)
         logprobs = torch.zeros(rows)
-        w, pointers = self.weights, (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+        w = self.weights
         status = self.greedy_in_c(w.dims, w.eps_scale, w.params, rows, src_mask.size(-1), steps, self.vocab, min_len,
-                                  BOS, EOS, held.data_ptr(), pointers, src_mask.data_ptr(), found.data_ptr(),
+                                  BOS, EOS, held.data_ptr(), addresses(buffers), src_mask.data_ptr(), found.data_ptr(),
                                   lengths.data_ptr(), logprobs.data_ptr())
         if status != 0:
             raise MemoryError("the C greedy search could not allocate its working memory")
@@ -298,26 +305,31 @@ class NativeDecodeStep:
         """`few_beam_search` of one sentence from a fresh `cache` (its `beam` rows) in one call into C: its `nbest`
         hypotheses, best first, as tokens, score and log-probability; None where the C step does not take it."""
         rows = cache.self_k[0].size(1)
-        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True)
-                   for b in layer]
-        first = torch.full((rows,), BOS, dtype=torch.long)
-        if (cache.length or cache.beam != rows or cache.mem_k[0].size(0) != 1 or rows > 16 or 2 * rows + 1 > self.vocab
-                or limit > cache.self_k[0].size(0) or not self.fits(first, cache, buffers)):
+        buffers = self.searchable(cache, limit)
+        if buffers is None or cache.beam != rows or cache.mem_k[0].size(0) != 1 or rows > 16 or 2 * rows >= self.vocab:
             return None
         src_mask = cache.src_mask.contiguous()
         found, lengths = torch.zeros(nbest, limit, dtype=torch.long), torch.zeros(nbest, dtype=torch.long)
         scores, logprobs = torch.zeros(nbest, dtype=torch.float64), torch.zeros(nbest, dtype=torch.float64)
         own = cache.self_k + cache.self_v
-        w, pointers = self.weights, (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+        w = self.weights
         found_n = self.beam_in_c(w.dims, w.eps_scale, w.params, rows, src_mask.size(-1), limit, self.vocab, min_len,
-                                 BOS, EOS, len_penalty, nbest, pointers,
-                                 (ctypes.c_void_p * len(own))(*[b.data_ptr() for b in own]), len(own),
+                                 BOS, EOS, len_penalty, nbest, addresses(buffers), addresses(own), len(own),
                                  own[0][0, 0].numel(), src_mask.data_ptr(), found.data_ptr(), lengths.data_ptr(),
                                  scores.data_ptr(), logprobs.data_ptr())
         if found_n < 0:
             raise MemoryError("the C beam search could not allocate its working memory")
         kept = [t.tolist()[:found_n] for t in (found, lengths, scores, logprobs)]
         return [(row[:n], score, logprob) for row, n, score, logprob in zip(*kept, strict=True)]
+
+    def searchable(self, cache: DecoderCache, steps: int) -> list[Tensor] | None:
+        """The step's buffers where the C step takes a whole search of `steps` steps from this fresh cache; else
+        None."""
+        buffers = step_buffers(cache)
+        first = torch.full((cache.self_k[0].size(1),), BOS, dtype=torch.long)
+        if cache.length or steps > cache.self_k[0].size(0) or not self.fits(first, cache, buffers):
+            return None
+        return buffers
 
     def rows_limit(self) -> int:
         """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this
@@ -340,7 +352,7 @@ class NativeDecodeStep:
         tokens = torch.full((rows,), min(4, self.vocab - 1))
         if plain is not None:
             return lambda: plain(tokens, cache)
-        buffers = [b for layer in zip(cache.self_k, cache.self_v, cache.mem_k, cache.mem_v, strict=True) for b in layer]
+        buffers = step_buffers(cache)
         return lambda: self.run(tokens, cache, buffers)
 
     def top_logprobs(self, logits: Tensor, width: int,
@@ -366,10 +378,9 @@ class NativeDecodeStep:
         if len(to) != len(sources) or not all(0 <= r < rows for r in to + sources):
             raise IndexError(f"beam search moved rows {sources} to {to}: not one source per row, or outside the "
                              f"cache's {rows} rows")
-        pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
         rows_of = ctypes.c_int64 * len(to)
-        if self.mover(pointers, len(buffers), length, rows, buffers[0][0, 0].numel(), rows_of(*to), rows_of(*sources),
-                      len(to)) != 0:
+        if self.mover(addresses(buffers), len(buffers), length, rows, buffers[0][0, 0].numel(), rows_of(*to),
+                      rows_of(*sources), len(to)) != 0:
             raise MemoryError("the C decoding step could not allocate its working memory")
 
     def fits(self, tokens: Tensor, cache: DecoderCache, buffers: list[Tensor]) -> bool:
