@@ -30,7 +30,8 @@ from mt.device import cache_dir, cpuinfo
 ROUNDS = 5  # timings of each candidate, alternating; the median counts
 SLICE_S = 0.002  # calls are repeated until one timing takes at least this long
 CLOSE = 0.03  # a candidate must be this much faster than the first named (the default) to be chosen
-STEADY = 2.0  # a candidate's slowest timing over its fastest, above which the machine was busy: measured again ...
+STEADY = 2.0  # a candidate's slowest timing over its fastest, above which the machine was busy ...
+WAITED = 0.2  # ... or its threads waited for a core this share of the timing: measured again ...
 TRIES = 3  # ... this many times, then the default is used for now and nothing kept ...
 RETRY_S = 30.0  # ... until the question's first use this many seconds later, which times it again
 clock = time.monotonic  # what RETRY_S is counted on (tests move it on)
@@ -114,8 +115,9 @@ class Kept:
 
 def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float] | None:
     """Seconds a call of each candidate takes: warmed up, repeated to a measurable slice, the median of ROUNDS
-    timings taken in turn, so that the machine's noise falls on every candidate alike; None when a candidate's
-    timings spread more than STEADY times (the machine was busy)."""
+    timings taken in turn, so that the machine's noise falls on every candidate alike; None when the machine was
+    busy: a candidate's timings spread more than STEADY times, or this process's threads waited for a core WAITED
+    of the time (another process on its cores slows every timing alike, a product on two threads 30-fold)."""
     reps = {}
     for name, call in candidates.items():
         call()  # the first call pays for allocation, packing and the library's own set-up
@@ -123,15 +125,35 @@ def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]
         call()
         reps[name] = max(1, int(SLICE_S / max(time.perf_counter() - start, 1e-7)))
     times: dict[str, list[float]] = {name: [] for name in candidates}
+    waited, began = waited_s(), time.perf_counter()
     for _ in range(ROUNDS):
         for name, call in candidates.items():
             start = time.perf_counter()
             for _ in range(reps[name]):
                 call()
             times[name].append((time.perf_counter() - start) / reps[name])
+    if waited_s() - waited > WAITED * (time.perf_counter() - began):
+        return None
     if any(max(t) > STEADY * min(t) for t in times.values()):
         return None
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def waited_s() -> float:
+    """Seconds this process's threads have spent runnable but waiting for a core (Linux's schedstat: the kernel's
+    count, whatever the threads run); 0 where the kernel does not say."""
+    total = 0
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile, or no schedstat
+            pass
+    return total / 1e9
 
 
 def keep(file: Path, question: str, answer: dict) -> str:

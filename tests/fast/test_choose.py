@@ -3,6 +3,9 @@ machine, the first answer written stands, and `mt bench` says what was chosen an
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -24,6 +27,7 @@ def own_file(monkeypatch, tmp_path):
     monkeypatch.setattr(mt.fast.choose, "_asked", {})
     monkeypatch.setattr(mt.fast.choose, "_busy", {})
     monkeypatch.setattr(mt.fast.choose, "STEADY", float("inf"))  # these tests time sleeps, on a machine maybe busy
+    monkeypatch.setattr(mt.fast.choose, "WAITED", float("inf"))
     return file
 
 
@@ -119,6 +123,34 @@ def test_timings_taken_while_the_machine_is_busy_are_not_kept(monkeypatch, own_f
     assert len(tries) == mt.fast.choose.TRIES and not own_file.exists() and made() == []
     assert choice("q", {"default": lambda: None, "other": lambda: None}) == "default"  # asked again: not timed again
     assert len(tries) == mt.fast.choose.TRIES
+
+
+def test_steady_timings_taken_while_the_threads_waited_for_a_core_are_not_kept(monkeypatch, own_file):
+    """Another process on this one's cores slows every timing alike (a product on two threads 30-fold): steady, but
+    the threads waited for a core most of the time, so the default is used and nothing is written."""
+    monkeypatch.setattr(mt.fast.choose, "WAITED", 0.2)
+    waited = itertools.count()  # a second more at each look, far more than the timing's few milliseconds
+    monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
+    assert choice("q", {"default": lambda: time.sleep(0.002), "other": lambda: None}) == "default"
+    assert not own_file.exists() and made() == []
+
+
+def test_a_thread_that_shares_its_core_with_other_processes_is_counted_waiting():
+    """What `measured` reads: the time this process's threads spent ready to run while other processes held the
+    cores, here as many busy processes as cores beside a thread that computes."""
+    if mt.fast.choose.waited_s() == 0.0:
+        pytest.skip("this kernel does not count the time threads wait for a core (/proc/self/task/*/schedstat)")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.1)  # the busy processes running
+        before, end = mt.fast.choose.waited_s(), time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            pass
+        assert mt.fast.choose.waited_s() - before > 0.05
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
 
 
 def test_a_busy_machine_s_default_counts_only_until_the_question_may_be_timed_again(monkeypatch, own_file):
