@@ -144,6 +144,7 @@ def worker(rank: int, system: str, args: argparse.Namespace, port: int,
     torch.set_num_threads(1)
     distributed.start(torch.device("cpu"))
     step = trainer(system, args, *workload(args), rank, distributed.world_size())
+    conn.send(True)  # ready: the timed steps of the other systems wait for every worker's start-up to end
     while (i := conn.recv()) is not None:
         step(i)
         conn.send(True)
@@ -174,6 +175,7 @@ class PerCore:
             self.conns.append(ours)
             self.procs.append(ctx.Process(target=worker, args=(rank, system, args, port, theirs), daemon=True))
             self.procs[-1].start()
+        self.answered()  # each set up (torch, the group, the model): no system is timed while one starts
 
     def __call__(self, i: int) -> None:
         try:
@@ -181,6 +183,10 @@ class PerCore:
                 conn.send(i)
         except BrokenPipeError:
             self.failed()
+        self.answered()
+
+    def answered(self) -> None:
+        """Waits for a message from every worker."""
         waiting = list(self.conns)
         while waiting:
             ready = multiprocessing.connection.wait(waiting + [proc.sentinel for proc in self.procs])
