@@ -219,13 +219,15 @@ def translate(
     With stdin a terminal and no --input/--output, translate interactively: a prompt, one sentence at a time,
     Ctrl-D to quit.
     """
+    request = TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty,
+                               nbest=nbest, batch_tokens=batch_tokens, precision=precision, device=device,
+                               threads=threads, encoding_errors=encoding_errors, attention=attention,
+                               alignments=alignments, layer=layer, head=head, engine=engine, to=to, compile=compile,
+                               format=format, glossary=glossary, glossary_method=glossary_method)
+    request.check_streams()
     from mt.decode.translate import run
 
-    run(TranslateRequest(checkpoint, input=input, output=output, beam=beam, len_penalty=len_penalty, nbest=nbest,
-                         batch_tokens=batch_tokens, precision=precision, device=device, threads=threads,
-                         encoding_errors=encoding_errors, attention=attention, alignments=alignments, layer=layer,
-                         head=head, engine=engine, to=to, compile=compile, format=format, glossary=glossary,
-                         glossary_method=glossary_method))
+    run(request)
 
 
 @app.command()

@@ -5,8 +5,11 @@ as it starts.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mt.errors import MtError
 
 DEVICE = "auto"  # the GPU when one is visible, else the CPU (mt.device.pick_device)
 
@@ -36,6 +39,14 @@ class TranslateRequest:
     format: str = "lines"  # or a document: text (paragraphs), html, srt (mt/documents/)
     glossary: Path | None = None  # a TSV of terms: source term, tab, target term (mt/decode/glossary.py)
     glossary_method: str | None = None  # constrain or replace; None: the best the model can do
+
+    def check_streams(self) -> None:
+        """A closed stdin or stdout (`<&-`, `>&-`), which Python leaves as None, is an error when the request needs
+        it; the command line asks before torch loads, so that the error comes at once."""
+        if self.input is None and sys.stdin is None:
+            raise MtError("stdin is closed: nothing to translate; pipe text in, or give --input FILE")
+        if self.output is None and sys.stdout is None:
+            raise MtError("stdout is closed: nowhere to write the translations; give --output FILE")
 
 
 @dataclass

@@ -123,7 +123,7 @@ def glossary_option(request: TranslateRequest) -> Glossary | None:
 def load(request: TranslateRequest) -> tuple[Loaded, SearchOptions, torch.device]:
     """The checkpoint's model, made ready to decode in the precision asked for, and the decode options: the
     checkpoint's, changed by the request. Raises MtError for what cannot run."""
-    check_streams(request)
+    request.check_streams()
     if request.precision not in PRECISIONS:
         raise MtError(f"--precision {request.precision}: must be one of {', '.join(PRECISIONS)}")
     if request.format != "lines":
@@ -151,14 +151,6 @@ def load(request: TranslateRequest) -> tuple[Loaded, SearchOptions, torch.device
     if request.attention is not None:
         check_output_dir(request.attention, "--attention")
     return (compiled(loaded, opts, device) if request.compile else loaded), opts, device
-
-
-def check_streams(request: TranslateRequest) -> None:
-    """A closed stdin or stdout (`<&-`, `>&-`), which Python leaves as None, is an error when the request needs it."""
-    if request.input is None and sys.stdin is None:
-        raise MtError("stdin is closed: nothing to translate; pipe text in, or give --input FILE")
-    if request.output is None and sys.stdout is None:
-        raise MtError("stdout is closed: nowhere to write the translations; give --output FILE")
 
 
 def load_any(path: Path, device: torch.device, precision: str | None = "fp32", engine: str = "auto",
