@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-# torch.compile's kernel cache, one per instruction set: kernels that a run under ATEN_CPU_CAPABILITY=avx2 cached
-# in the shared cache crashed the next native run (make test runs both).
 if os.environ.get("PYTEST_XDIST_WORKER"):  # make test runs a worker per core: one thread each, not one per core each
     torch.set_num_threads(1)
     # and so do the commands the tests start: two threads on a core the other worker keeps busy wait on each other
@@ -21,8 +19,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # make test runs a worker per core: o
 # mt's cache of kernel choices and its C library, for the tests alone: choices timed while the tests load every core
 # are not the user's to keep
 os.environ.setdefault("MT_CACHE", str(Path(tempfile.gettempdir()) / "mt-tests-cache"))
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-tests-inductor" /
-                                            torch.backends.cpu.get_cpu_capability())
+# torch.compile's cache, one for both passes of make test as a user's serves runs under either ATEN_CPU_CAPABILITY
+# (the vector width keys the decoding step's kernels: mt/fast/compiled.py): its probes of the CPU's instruction sets,
+# a compiler run each, are made once, not once a pass
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-tests-inductor")
 
 from mt.config import ModelConfig
 from mt.model.transformer import Transformer
