@@ -1,5 +1,6 @@
 """The whole pipeline through the command line on a slice of Multi30k: prepare → train → translate → evaluate, the
-first three each a process of its own, the recipe's later steps through Typer's runner."""
+first two each a process of its own, the later steps through Typer's runner (a real process's stdin and stdout are
+tests/decode/test_translate.py's)."""
 
 import gzip
 import json
@@ -20,10 +21,10 @@ def mt(*args, stdin=None, cwd=None, check=True):
     return result
 
 
-def mt_here(*args):
+def mt_here(*args, stdin=None):
     """A command in this process, through Typer's runner: for the pipeline's later commands, as each process of its
     own costs seconds of importing PyTorch, and the commands before them cross the process boundary already."""
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    result = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
     assert result.exit_code == 0, f"mt {' '.join(map(str, args))} exited {result.exit_code}:\n{result.output}"
     return result
 
@@ -60,13 +61,13 @@ def test_prepare_train_translate_evaluate(mirror, tmp_path):
 
     source = (data / "test.src.txt").read_text(encoding="utf-8").splitlines()[:5]
     text = "\n".join(source[:2] + ["", "   "] + source[2:]) + "\n"
-    result = mt("translate", "--checkpoint", run / "best.pt", "--beam", 2, stdin=text)
+    result = mt_here("translate", "--checkpoint", run / "best.pt", "--beam", 2, stdin=text)
     lines = result.stdout.split("\n")[:-1]
     assert len(lines) == 7 and lines[2] == "" and lines[3] == ""
     assert all(lines[i] for i in (0, 1, 4, 5, 6))
 
     hyp = tmp_path / "hyp.en"
-    mt("translate", "--checkpoint", run / "best.pt", "--input", data / "test.src.txt", "--output", hyp)
+    mt_here("translate", "--checkpoint", run / "best.pt", "--input", data / "test.src.txt", "--output", hyp)
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 50
     report = mt_here("evaluate", "--hyp", hyp, "--ref", data / "test.tgt.txt", "--json")
     scores = json.loads(report.stdout)
