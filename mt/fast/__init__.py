@@ -19,7 +19,8 @@ The rooms, one a kernel or a kind of layer:
 
 Switches (environment variables):
 - `MT_FAST=0` turns every fast path off: `for_training` returns the plain model, and `for_inference` only
-  applies int8 quantization when that precision is asked for. `MT_FAST=1` (the default) turns them on.
+  quantizes to int8, with PyTorch's own layers, when that precision is asked for. `MT_FAST=1` (the default) turns
+  them on.
 - `MT_NATIVE=0` keeps decoding in PyTorch, without the C step.
 - `MT_CPU_MATMUL=mkl|onednn|auto` chooses the fp32 CPU matmul kernel of the fast linears (see mt/fast/linear.py).
 

@@ -17,8 +17,9 @@ def quantized(model: nn.Module) -> bool:
     return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """The model with every linear layer dynamically quantized to int8, in place.
+def quantize_int8(model: nn.Module, fast: bool = True) -> nn.Module:
+    """The model with every linear layer dynamically quantized to int8, in place: as `Int8Linear`, or with `fast`
+    False (MT_FAST=0) as PyTorch's own layer.
 
     Each output channel (a row of the weight) gets its own scale: the output layer's rows are the target pieces'
     embeddings, whose norms differ by piece, and one scale for all of them cost BLEU (docs/performance.md)."""
@@ -29,8 +30,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, relinked(model.get_submodule(name), nn.Linear))
         per_channel = torch.ao.quantization.per_channel_dynamic_qconfig
-        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(linears, per_channel),
-                                                      mapping={nn.Linear: Int8Linear}, inplace=True)
+        mapping = {nn.Linear: Int8Linear if fast else torch.ao.nn.quantized.dynamic.Linear}
+        return torch.ao.quantization.quantize_dynamic(model, dict.fromkeys(linears, per_channel), mapping=mapping,
+                                                      inplace=True)
 
 
 class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):

@@ -27,7 +27,7 @@ from mt.fast.contract import (
     Contract,
 )
 from mt.fast.dropout import Dropout
-from mt.fast.frozen import FrozenLinear, quantize_int8, quantized
+from mt.fast.frozen import FrozenLinear, Int8Linear, quantize_int8, quantized
 from mt.fast.linear import Linear, kernel_note, relinked
 from mt.model.transformer import CrossAttention, SelfAttention, Transformer, attention
 
@@ -90,7 +90,7 @@ def for_inference(model: nn.Module, precision: str) -> nn.Module:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if precision == "int8":
-        model = quantize_int8(model)
+        model = quantize_int8(model, enabled())
     if enabled():
         dtype = torch.bfloat16 if precision == "bf16" else None
         for module in transformers(model, FROZEN):
@@ -124,7 +124,7 @@ def fast_paths(model: nn.Module) -> list[str]:
         dtypes = "bf16" if frozen_dtypes == {torch.bfloat16} else "fp32"
         found.append(f"linear: frozen, {dtypes} weights transposed; matmuls on {kernel_note()}, a choice per weight "
                      "and rows")
-    if quantized(model):
+    if Int8Linear in kinds:
         found.append("linear: int8 per output channel, dynamically quantized; on the faster of fbgemm and oneDNN as "
                      "measured, a choice per weight and rows")
     if Dropout in kinds:

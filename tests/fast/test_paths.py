@@ -192,6 +192,8 @@ def test_mt_fast_0_turns_every_fast_path_off(monkeypatch):
     assert type(model.output) is nn.Linear and type(model.dropout) is nn.Dropout
     assert model.decoder[0].self_attn.attend is model.decoder[0].self_attn.attend_step is attention
     assert model.output_loss is mt.model.transformer.output_loss
+    int8 = for_inference(tiny_model(), "int8")  # PyTorch's quantized layers, whose kernel it picks itself
+    assert type(int8.output) is torch.ao.nn.quantized.dynamic.Linear and not fast_paths(int8)
     monkeypatch.setenv("MT_FAST", "yes")
     with pytest.raises(MtError, match="MT_FAST='yes': set it to 1 .* or 0"):
         for_training(tiny_model())
