@@ -23,11 +23,7 @@ def compile_decoding(model: nn.Module) -> nn.Module:
     eager: PyTorch's quantized layers break the compiled graph at each one, and compiled its step ran slower."""
     if quantized(model):
         return model
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    # Inductor picks its CPU vector width by ATEN_CPU_CAPABILITY but caches the code it writes without it: code
-    # written under another setting then runs at the wrong width, out of bounds. Named, the width keys the cache.
-    options = {"cpp.simdlen": pick_vec_isa().bit_width()}
+    options = cpu_options()
     on_cpu = all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
     for module in model.modules():
         if isinstance(module, Transformer):
@@ -37,6 +33,15 @@ def compile_decoding(model: nn.Module) -> nn.Module:
             step = torch.compile(module.step_layers, dynamic=True, fullgraph=True, options=options)
             module.step_layers = FewRowsCompiled(module.step_layers, step, rows)
     return model
+
+
+def cpu_options() -> dict[str, int]:
+    """torch.compile's options for code it writes for the CPU (decoding, and training with train.compile)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    # Inductor picks its CPU vector width by ATEN_CPU_CAPABILITY but caches the code it writes without it: code
+    # written under another setting then runs at the wrong width, out of bounds. Named, the width keys the cache.
+    return {"cpp.simdlen": pick_vec_isa().bit_width()}
 
 
 class FewRowsCompiled:

@@ -36,6 +36,7 @@ from mt.data.ids import Split
 from mt.data.lines import check_output_dir, read_text
 from mt.device import attention_kernels, autocast, autocast_dtype, native_bf16, pad_multiple, pick_device
 from mt.errors import MtError
+from mt.fast.compiled import cpu_options
 from mt.fast.paths import for_training
 from mt.model.transformer import Transformer, count_parameters
 from mt.runlock import lock_run, unlock_run
@@ -137,7 +138,7 @@ def build_state(run: Run) -> TrainState:
     state.ddp = distributed.wrap(model, run.device)  # None in a single process
     state.wrapped = state.ddp or model
     if train_cfg.compile:
-        state.wrapped = torch.compile(state.wrapped)
+        state.wrapped = torch.compile(state.wrapped, options=cpu_options() if run.device.type == "cpu" else None)
     return state
 
 

@@ -178,6 +178,22 @@ def test_fp16_skips_overflowing_steps_and_resumes_with_the_scalers_state(prepare
     assert_same_weights(a["model"], b["model"])
 
 
+def test_a_compiled_cpu_run_keys_the_compile_cache_by_its_vector_width(prepared, tmp_path, monkeypatch):
+    """train.compile on a CPU names the vector width to torch.compile, as the compiled decoding step does: its cache
+    is not keyed by ATEN_CPU_CAPABILITY, and code written under the AVX2 setting ran out of bounds at AVX-512's."""
+    import torch._inductor.cpu_vec_isa
+
+    class Width:
+        def bit_width(self) -> int:
+            return 256
+
+    asked = []
+    monkeypatch.setattr(torch._inductor.cpu_vec_isa, "pick_vec_isa", Width)
+    monkeypatch.setattr(torch, "compile", lambda model, **options: asked.append(options) or model)
+    train(small_config(prepared, max_steps=1, compile=True, threads=1), tmp_path / "run", progress=False)
+    assert asked == [{"options": {"cpp.simdlen": 256}}]
+
+
 def test_a_run_directory_is_never_overwritten(prepared, tmp_path):
     train(small_config(prepared, max_steps=10), tmp_path / "run", progress=False)
     with pytest.raises(MtError, match="already holds a run; pass --resume"):
