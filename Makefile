@@ -25,6 +25,8 @@ $(VENV)/.installed: pyproject.toml
 # tiny models the tests train are made once for both (MT_TEST_MODELS: tests/conftest.py, made_once).
 AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2
 HAS_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
+# the files that mark some numerics tests: collecting every other file too cost each worker of that pass seconds
+NUMERICS_FILES = $(shell grep -rl --include='test_*.py' numerics tests)
 SUITE := $(BIN)/python -m pytest -q -n auto --dist loadfile
 # Bytecode is written even where the environment says not to: pytest keeps each test file as rewritten for its
 # asserts, else every worker of both passes rewrites all of them again (9 s a worker on a 2 GHz core).
@@ -32,7 +34,7 @@ test: install
 	@unset PYTHONDONTWRITEBYTECODE; export MT_TEST_MODELS="$$(mktemp -d)"; trap 'rm -rf "$$MT_TEST_MODELS"' EXIT; \
 	set -e; set -x; \
 	$(SUITE); \
-	$(if $(HAS_AVX512),$(AVX2_KERNELS) $(SUITE) -m numerics)
+	$(if $(HAS_AVX512),$(AVX2_KERNELS) $(SUITE) -m numerics $(NUMERICS_FILES))
 
 # The whole suite as other CPUs compute it, one after another (about 9 minutes on 2 cores): AVX2 only; AVX2 with
 # MKL's products, as on an Intel CPU; and, on an AVX-512 CPU, AVX-512 without BF16. Run it after changing a fast
