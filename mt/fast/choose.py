@@ -186,11 +186,12 @@ def forget() -> Path:
 
 
 def made() -> list[str]:
-    """The choices this process asked for, each with the milliseconds its candidates took when it was measured:
-    what `mt bench` prints."""
+    """The choices this process asked for, each with the milliseconds its candidates took when it was measured, or
+    that it could not yet be: what `mt bench` prints."""
     known = remembered(path())
     return [f"{q}: {known[q]['choice']} (" + ", ".join(f"{k} {v:g} ms" for k, v in known[q]["ms"].items()) + ")"
-            for q in _asked if q in known]
+            if q in known else f"{q}: the default for now (the cores were busy; timed again {RETRY_S:g} s on)"
+            for q in _asked if q in known or q in _busy]
 
 
 def rows_class(rows: int) -> int:

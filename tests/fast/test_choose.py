@@ -120,7 +120,8 @@ def test_timings_taken_while_the_machine_is_busy_are_not_kept(monkeypatch, own_f
     measure = mt.fast.choose.measured
     monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: tries.append(1) or measure(candidates))
     assert choice("q", {"default": lambda: None, "other": lambda: time.sleep(next(spikes))}) == "default"
-    assert len(tries) == mt.fast.choose.TRIES and not own_file.exists() and made() == []
+    assert len(tries) == mt.fast.choose.TRIES and not own_file.exists()
+    assert made() == ["q: the default for now (the cores were busy; timed again 30 s on)"]  # as mt bench says
     assert choice("q", {"default": lambda: None, "other": lambda: None}) == "default"  # asked again: not timed again
     assert len(tries) == mt.fast.choose.TRIES
 
@@ -132,7 +133,7 @@ def test_steady_timings_taken_while_the_threads_waited_for_a_core_are_not_kept(m
     waited = itertools.count()  # a second more at each look, far more than the timing's few milliseconds
     monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
     assert choice("q", {"default": lambda: time.sleep(0.002), "other": lambda: None}) == "default"
-    assert not own_file.exists() and made() == []
+    assert not own_file.exists() and made() == ["q: the default for now (the cores were busy; timed again 30 s on)"]
 
 
 def test_a_thread_that_shares_its_core_with_other_processes_is_counted_waiting():
