@@ -33,7 +33,8 @@ CLOSE = 0.03  # a candidate must be this much faster than the first named (the d
 STEADY = 2.0  # a candidate's slowest timing over its fastest, above which the machine was busy ...
 WAITED = 0.2  # ... or its threads waited for a core this share of the timing: measured again ...
 TRIES = 3  # ... this many times, then the default is used for now and nothing kept ...
-RETRY_S = 30.0  # ... until the question's first use this many seconds later, which times it again
+RETRY_S = 30.0  # ... until the question's first use this many seconds later, which times it again (twice as long
+# after each busy round: on a machine busy for good, the retries cost a long run ever less)
 clock = time.monotonic  # what RETRY_S is counted on (tests move it on)
 
 
@@ -56,6 +57,7 @@ LOCK = threading.RLock()  # one measurement at a time in a process: a measuremen
 _made: dict[Path, dict[str, dict]] = {}  # the choices read or made in this process, per file
 _asked: dict[str, None] = {}  # the questions this process asked, in order: what `mt bench` reports
 _busy: dict[str, float] = {}  # questions this process could not time steadily → when they may be timed again
+_rounds: dict[str, int] = {}  # ... and how many rounds of TRIES found the machine busy
 
 
 def remembered(file: Path) -> dict[str, dict]:
@@ -77,6 +79,7 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
         known = remembered(file).get(question)
         if known is not None and known.get("choice") in candidates:
             _busy.pop(question, None)  # another process has since answered it
+            _rounds.pop(question, None)
             return known["choice"]
         first = next(iter(candidates))
         if clock() < _busy.get(question, 0.0):
@@ -87,9 +90,11 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
             if times is not None:
                 break
         else:  # another process kept the cores busy throughout: timings that would mislead every later run
-            _busy[question] = clock() + RETRY_S
+            _rounds[question] = _rounds.get(question, 0) + 1
+            _busy[question] = clock() + RETRY_S * 2 ** (_rounds[question] - 1)
             return first
         _busy.pop(question, None)
+        _rounds.pop(question, None)
         best = min(times, key=times.get)
         chosen = best if times[best] < times[first] * (1 - CLOSE) else first
         return keep(file, question, {"choice": chosen, "ms": {k: round(v * 1e3, 4) for k, v in times.items()}})
@@ -132,11 +137,17 @@ def measured(candidates: Mapping[str, Callable[[], object]]) -> dict[str, float]
             for _ in range(reps[name]):
                 call()
             times[name].append((time.perf_counter() - start) / reps[name])
-    if waited_s() - waited > WAITED * (time.perf_counter() - began):
+    # (threads beyond the cores wait for each other, not for another process)
+    if torch.get_num_threads() <= cores() and waited_s() - waited > WAITED * (time.perf_counter() - began):
         return None
     if any(max(t) > STEADY * min(t) for t in times.values()):
         return None
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def waited_s() -> float:
@@ -190,7 +201,7 @@ def made() -> list[str]:
     that it could not yet be: what `mt bench` prints."""
     known = remembered(path())
     return [f"{q}: {known[q]['choice']} (" + ", ".join(f"{k} {v:g} ms" for k, v in known[q]["ms"].items()) + ")"
-            if q in known else f"{q}: the default for now (the cores were busy; timed again {RETRY_S:g} s on)"
+            if q in known else f"{q}: the default for now (the cores were busy; timed again later)"
             for q in _asked if q in known or q in _busy]
 
 

@@ -26,6 +26,7 @@ def own_file(monkeypatch, tmp_path):
     monkeypatch.setattr(mt.fast.choose, "_made", {})
     monkeypatch.setattr(mt.fast.choose, "_asked", {})
     monkeypatch.setattr(mt.fast.choose, "_busy", {})
+    monkeypatch.setattr(mt.fast.choose, "_rounds", {})
     monkeypatch.setattr(mt.fast.choose, "STEADY", float("inf"))  # these tests time sleeps, on a machine maybe busy
     monkeypatch.setattr(mt.fast.choose, "WAITED", float("inf"))
     return file
@@ -121,7 +122,7 @@ def test_timings_taken_while_the_machine_is_busy_are_not_kept(monkeypatch, own_f
     monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: tries.append(1) or measure(candidates))
     assert choice("q", {"default": lambda: None, "other": lambda: time.sleep(next(spikes))}) == "default"
     assert len(tries) == mt.fast.choose.TRIES and not own_file.exists()
-    assert made() == ["q: the default for now (the cores were busy; timed again 30 s on)"]  # as mt bench says
+    assert made() == ["q: the default for now (the cores were busy; timed again later)"]  # as mt bench says
     assert choice("q", {"default": lambda: None, "other": lambda: None}) == "default"  # asked again: not timed again
     assert len(tries) == mt.fast.choose.TRIES
 
@@ -133,7 +134,7 @@ def test_steady_timings_taken_while_the_threads_waited_for_a_core_are_not_kept(m
     waited = itertools.count()  # a second more at each look, far more than the timing's few milliseconds
     monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
     assert choice("q", {"default": lambda: time.sleep(0.002), "other": lambda: None}) == "default"
-    assert not own_file.exists() and made() == ["q: the default for now (the cores were busy; timed again 30 s on)"]
+    assert not own_file.exists() and made() == ["q: the default for now (the cores were busy; timed again later)"]
 
 
 def test_a_thread_that_shares_its_core_with_other_processes_is_counted_waiting():
@@ -166,6 +167,25 @@ def test_a_busy_machine_s_default_counts_only_until_the_question_may_be_timed_ag
     assert kept.get("shape") is None
     assert kept.keep("shape", choice("q", candidates), "q") == "other" and kept.get("shape") == "other"
     assert json.loads(own_file.read_text())["choices"]["q"]["choice"] == "other"
+
+
+def test_a_machine_busy_for_good_is_timed_ever_less_often(monkeypatch, own_file):
+    """Asked every 5 s on a machine that stays busy, a question is timed again after 30 s, then 60, then 120: the
+    retries cost a long run ever less."""
+    now, timed = [0.0], []
+    monkeypatch.setattr(mt.fast.choose, "clock", lambda: now[0])
+    monkeypatch.setattr(mt.fast.choose, "measured", lambda candidates: timed.append(now[0]))
+    for now[0] in range(0, 400, 5):
+        assert choice("q", {"default": lambda: None, "other": lambda: None}) == "default"
+    assert sorted(set(timed)) == [0, 30, 90, 210] and len(timed) == 4 * mt.fast.choose.TRIES
+
+
+def test_threads_beyond_the_cores_waiting_for_each_other_do_not_make_the_machine_busy(monkeypatch, own_file):
+    monkeypatch.setattr(mt.fast.choose, "WAITED", 0.2)
+    waited = itertools.count()
+    monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
+    monkeypatch.setattr(mt.fast.choose, "cores", lambda: torch.get_num_threads() - 1)
+    assert choice("q", {"default": lambda: time.sleep(0.002), "other": lambda: None}) == "other"
 
 
 def test_bench_prints_the_choices_and_choose_again_forgets_them(monkeypatch, own_file):
