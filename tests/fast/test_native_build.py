@@ -1,13 +1,26 @@
 """The C code builds cleanly wherever a compiler is, and a machine that has one and a CPU it runs on decodes in C:
 these tests are never skipped there, so a C step silently lost (its tests skipped with it) fails the suite."""
 
+import os
 import subprocess
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import mt.errors
 import mt.fast.native_step
-from mt.fast.native_step import FLAGS, SOURCES, VNNI_FLAGS, compiler, instruction_set, library
+from mt.fast.native_step import (
+    FLAGS,
+    SOURCES,
+    VNNI_FLAGS,
+    NativeDecodeStep,
+    NativeEncode,
+    compiler,
+    instruction_set,
+    library,
+)
 from mt.fast.paths import fast_paths, for_inference
 
 from ..conftest import tiny_model
@@ -42,5 +55,67 @@ def test_no_compiler_says_so_once_and_mt_bench_says_so(monkeypatch):
             warnings.simplefilter("error")  # said once: the answer is kept
             for_inference(tiny_model(), "fp32")
         assert "decoding step: PyTorch's, not C (no C compiler (cc, gcc or $CC))" in fast_paths(model)
+    finally:
+        mt.fast.native_step.load.cache_clear()
+
+
+# Building and loading the library, switching it off: no numbers, so not in make test's AVX2 pass (-m numerics)
+needs_library = pytest.mark.skipif(library() is None, reason="no C compiler, or a CPU without AVX2 and FMA")
+
+
+@needs_library
+def test_threads_loading_at_once_compile_it_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    mt.fast.native_step.load.cache_clear()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            libraries = list(pool.map(lambda _: library(), range(4)))
+        assert libraries[0] is not None and all(lib is libraries[0] for lib in libraries)
+        assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
+    finally:
+        mt.fast.native_step.load.cache_clear()
+
+
+@needs_library
+def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
+    folder = tmp_path / "native"
+    folder.mkdir()
+    old, recent, other = (folder / name for name in ("native_step-old.so", "native_step-recent.so", "notes.txt"))
+    for path in (old, recent, other):
+        path.write_bytes(b"x")
+    month_ago = time.time() - 31 * 86400
+    for path in (old, other):
+        os.utime(path, (month_ago, month_ago))
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    mt.fast.native_step.load.cache_clear()
+    try:
+        assert library() is not None
+    finally:
+        mt.fast.native_step.load.cache_clear()
+    assert not old.exists() and recent.exists() and other.exists()
+    assert len(list(folder.glob("native_step-*.so"))) == 2  # the one just built, and the recent one
+
+
+@needs_library
+def test_switched_off(monkeypatch):
+    assert not isinstance(for_inference(tiny_model(), "bf16").decode_step, NativeDecodeStep)
+    monkeypatch.setenv("MT_NATIVE", "0")
+    plain = for_inference(tiny_model(), "fp32")
+    assert not isinstance(plain.decode_step, NativeDecodeStep) and not isinstance(plain.encode, NativeEncode)
+    monkeypatch.setenv("MT_NATIVE", "2")
+    with pytest.raises(mt.errors.MtError, match="MT_NATIVE"):
+        mt.fast.native_step.enabled()
+
+
+@needs_library
+def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    mt.fast.native_step.load.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="decoding stays in PyTorch"):
+            model = for_inference(tiny_model(), "fp32")
+        assert not isinstance(model.decode_step, NativeDecodeStep)
+        assert not list((tmp_path / "native").iterdir())  # no half-written library left behind
     finally:
         mt.fast.native_step.load.cache_clear()

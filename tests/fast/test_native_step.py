@@ -2,9 +2,6 @@
 same logits and cache, step by step through real searches; in int8 the products of each row quantized on its own."""
 
 import copy
-import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -175,37 +172,6 @@ def test_steps_the_c_step_cannot_take_are_pytorch_s():
     assert logits.dtype == torch.float64
 
 
-def test_threads_loading_at_once_compile_it_once(monkeypatch, tmp_path):
-    monkeypatch.setenv("MT_CACHE", str(tmp_path))
-    mt.fast.native_step.load.cache_clear()
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            libraries = list(pool.map(lambda _: library(), range(4)))
-        assert libraries[0] is not None and all(lib is libraries[0] for lib in libraries)
-        assert [p.suffix for p in (tmp_path / "native").iterdir()] == [".so"]
-    finally:
-        mt.fast.native_step.load.cache_clear()
-
-
-def test_building_a_library_removes_those_built_long_ago(monkeypatch, tmp_path):
-    folder = tmp_path / "native"
-    folder.mkdir()
-    old, recent, other = (folder / name for name in ("native_step-old.so", "native_step-recent.so", "notes.txt"))
-    for path in (old, recent, other):
-        path.write_bytes(b"x")
-    month_ago = time.time() - 31 * 86400
-    for path in (old, other):
-        os.utime(path, (month_ago, month_ago))
-    monkeypatch.setenv("MT_CACHE", str(tmp_path))
-    mt.fast.native_step.load.cache_clear()
-    try:
-        assert library() is not None
-    finally:
-        mt.fast.native_step.load.cache_clear()
-    assert not old.exists() and recent.exists() and other.exists()
-    assert len(list(folder.glob("native_step-*.so"))) == 2  # the one just built, and the recent one
-
-
 def c_up_to(monkeypatch, rows: int, positions: int) -> list[str]:
     """This test's measurements: C the faster up to `rows` rows and `positions` source positions; returns the
     questions asked."""
@@ -237,29 +203,6 @@ def test_the_c_step_and_encoder_take_as_many_rows_as_they_are_measured_faster_fo
     model.encode(torch.randint(4, 40, (4, 16)))
     model.encode(torch.randint(4, 40, (5, 13)))  # 65 positions: PyTorch's
     assert ran == [64]
-
-
-def test_switched_off(monkeypatch):
-    assert not isinstance(for_inference(tiny_model(), "bf16").decode_step, NativeDecodeStep)
-    monkeypatch.setenv("MT_NATIVE", "0")
-    plain = for_inference(tiny_model(), "fp32")
-    assert not isinstance(plain.decode_step, NativeDecodeStep) and not isinstance(plain.encode, NativeEncode)
-    monkeypatch.setenv("MT_NATIVE", "2")
-    with pytest.raises(mt.errors.MtError, match="MT_NATIVE"):
-        mt.fast.native_step.enabled()
-
-
-def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", "false")  # a compiler that fails
-    monkeypatch.setenv("MT_CACHE", str(tmp_path))
-    mt.fast.native_step.load.cache_clear()
-    try:
-        with pytest.warns(UserWarning, match="decoding stays in PyTorch"):
-            model = for_inference(tiny_model(), "fp32")
-        assert not isinstance(model.decode_step, NativeDecodeStep)
-        assert not list((tmp_path / "native").iterdir())  # no half-written library left behind
-    finally:
-        mt.fast.native_step.load.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [[0, 1, 1, 3, 4, 5], [1, 0, 2, 3, 4, 5], [0, 3, 3, 1, 4, 5], [5, 4, 3, 2, 1, 0]])
