@@ -27,7 +27,8 @@ AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_I
 HAS_AVX512 := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
 # the files that mark some numerics tests: collecting every other file too cost each worker of that pass seconds
 NUMERICS_FILES = $(shell grep -rl --include='test_*.py' numerics tests)
-SUITE := $(BIN)/python -m pytest -q -n auto --dist loadfile
+# worksteal: a worker that runs out of tests takes some of the other's, where whole files left one waiting at the end
+SUITE := $(BIN)/python -m pytest -q -n auto --dist worksteal
 # Bytecode is written even where the environment says not to: pytest keeps each test file as rewritten for its
 # asserts, else every worker of both passes rewrites all of them again (9 s a worker on a 2 GHz core).
 test: install

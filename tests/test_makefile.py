@@ -72,7 +72,7 @@ def dry_run(target: str, *variables: str) -> list[str]:
 
 @needs_make
 def test_test_any_cpu_runs_the_whole_suite_as_each_other_kind_of_cpu_computes_it():
-    suite = ".venv/bin/python -m pytest -q -n auto --dist loadfile"
+    suite = ".venv/bin/python -m pytest -q -n auto --dist worksteal"
     avx2 = "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2"
     others = [f"{avx2} {suite}", f"{avx2} MT_CPU_MATMUL=mkl {suite}"]
     if "avx512f" in cpuinfo("flags").split():  # where AVX-512 is there to be capped
