@@ -57,7 +57,7 @@ LOCK = threading.RLock()  # one measurement at a time in a process: a measuremen
 _made: dict[Path, dict[str, dict]] = {}  # the choices read or made in this process, per file
 _asked: dict[str, None] = {}  # the questions this process asked, in order: what `mt bench` reports
 _busy: dict[str, float] = {}  # questions this process could not time steadily → when they may be timed again
-_rounds: dict[str, int] = {}  # ... and how many rounds of TRIES found the machine busy
+_rounds: dict[str, int] = {}  # ... and how many rounds of TRIES found the machine busy for each
 
 
 def remembered(file: Path) -> dict[str, dict]:
@@ -79,7 +79,6 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
         known = remembered(file).get(question)
         if known is not None and known.get("choice") in candidates:
             _busy.pop(question, None)  # another process has since answered it
-            _rounds.pop(question, None)
             return known["choice"]
         first = next(iter(candidates))
         if clock() < _busy.get(question, 0.0):
@@ -94,7 +93,6 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
             _busy[question] = clock() + RETRY_S * 2 ** (_rounds[question] - 1)
             return first
         _busy.pop(question, None)
-        _rounds.pop(question, None)
         best = min(times, key=times.get)
         chosen = best if times[best] < times[first] * (1 - CLOSE) else first
         return keep(file, question, {"choice": chosen, "ms": {k: round(v * 1e3, 4) for k, v in times.items()}})

@@ -128,12 +128,18 @@ def test_timings_taken_while_the_machine_is_busy_are_not_kept(monkeypatch, own_f
     assert len(tries) == mt.fast.choose.TRIES
 
 
-def test_steady_timings_taken_while_the_threads_waited_for_a_core_are_not_kept(monkeypatch, own_file):
+@pytest.fixture
+def threads_waiting(monkeypatch):
+    """This process's threads waiting for a core a second more at each look, far more than a timing's few
+    milliseconds, as `measured` judges it."""
+    monkeypatch.setattr(mt.fast.choose, "WAITED", 0.2)
+    waited = itertools.count()
+    monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
+
+
+def test_steady_timings_taken_while_the_threads_waited_for_a_core_are_not_kept(own_file, threads_waiting):
     """Another process on this one's cores slows every timing alike (a product on two threads 30-fold): steady, but
     the threads waited for a core most of the time, so the default is used and nothing is written."""
-    monkeypatch.setattr(mt.fast.choose, "WAITED", 0.2)
-    waited = itertools.count()  # a second more at each look, far more than the timing's few milliseconds
-    monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
     assert choice("q", {"default": lambda: time.sleep(0.002), "other": lambda: None}) == "default"
     assert not own_file.exists() and made() == ["q: the default for now (the cores were busy; timed again later)"]
 
@@ -181,10 +187,8 @@ def test_a_machine_busy_for_good_is_timed_ever_less_often(monkeypatch, own_file)
     assert sorted(set(timed)) == [0, 30, 90, 210] and len(timed) == 4 * mt.fast.choose.TRIES
 
 
-def test_threads_beyond_the_cores_waiting_for_each_other_do_not_make_the_machine_busy(monkeypatch, own_file):
-    monkeypatch.setattr(mt.fast.choose, "WAITED", 0.2)
-    waited = itertools.count()
-    monkeypatch.setattr(mt.fast.choose, "waited_s", lambda: float(next(waited)))
+def test_threads_beyond_the_cores_waiting_for_each_other_do_not_make_the_machine_busy(monkeypatch, own_file,
+                                                                                      threads_waiting):
     monkeypatch.setattr(mt.fast.choose, "cores", lambda: torch.get_num_threads() - 1)
     assert choice("q", {"default": lambda: time.sleep(0.002), "other": lambda: None}) == "other"
 
