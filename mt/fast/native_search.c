@@ -93,7 +93,7 @@ void mt_top_logprobs(const float *logits, int rows, int vocab, int width, int ba
 }
 
 int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int t, int beam, int n_src,
-            const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits);
+            const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits, int threads);
 
 /* Greedy search over `rows` rows (a sentence each) from position 0 with the C step, as mt/decode/few_rows.py's
  * `few_greedy` searches: each row's most likely token (EOS barred before `min_len`; EOS, log-probability 0, at the
@@ -109,7 +109,7 @@ int mt_greedy(const int64_t *dims, const float *eps_scale, void *const *params, 
     int status = logits && last && ended ? 0 : -1;
     for (int r = 0; r < rows; r++) last[r] = bos, lengths[r] = 0, logprobs[r] = 0.0f;
     for (int t = 0; t < steps && status == 0; t++) {
-        status = mt_step(dims, eps_scale, params, rows, t, 1, n_src, last, caches, src_mask, logits);
+        status = mt_step(dims, eps_scale, params, rows, t, 1, n_src, last, caches, src_mask, logits, 1);
         int running = 0;
         for (int r = 0; r < rows && status == 0; r++) {
             if (ended[r]) continue;
@@ -175,7 +175,7 @@ int mt_beam(const int64_t *dims, const float *eps_scale, void *const *params, in
     int64_t *now = prefix, *next = prefix + (size_t)beam * limit;
     for (int j = 0; j < beam; j++) last[j] = bos, score[j] = j ? -INFINITY : 0.0;
     for (int t = 0; t < limit; t++) {
-        if (mt_step(dims, eps_scale, params, beam, t, beam, n_src, last, caches, src_mask, logits) != 0) {
+        if (mt_step(dims, eps_scale, params, beam, t, beam, n_src, last, caches, src_mask, logits, 1) != 0) {
             status = -1;
             goto done;
         }

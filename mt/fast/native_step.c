@@ -423,12 +423,14 @@ static void feed_forward(const Scratch *m, float *x, int rows, void *const *up, 
 }
 
 /* The step for `rows` rows at position t: `beam` rows per sentence, n_src source positions. `caches` holds per
- * layer the self-attention keys and values, (max steps, rows, H, Dh), and the encoder memory's keys and values,
+ * layer the self-attention keys and values, (max steps, width, H, Dh) with this call's rows the first `rows` of
+ * each position's `width` (a shard of mt_step's), and the encoder memory's keys and values,
  * (sentences, H, n_src, Dh); `src_mask` (sentences, n_src) is 1 where a source position is not padding. Writes
  * this step's keys and values into the caches and the logits, (rows, vocab), into `logits`. Returns 0; -1 when out
  * of memory, -2 for a token outside the vocabulary (nothing written then). */
-int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int t, int beam, int n_src,
-            const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits) {
+static int step_rows(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int width, int t,
+                     int beam, int n_src, const int64_t *tokens, void *const *caches, const uint8_t *src_mask,
+                     float *logits) {
     int d = dims[D_MODEL], h = dims[HEADS], dh = d / h, ff = dims[D_FF], n_layers = dims[LAYERS];
     float eps = eps_scale[0], embed_scale = eps_scale[1];
     size_t widest = (size_t)(3 * d > ff ? 3 * d : ff);
@@ -436,7 +438,6 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     size_t outputs = widest > (size_t)dims[VOCAB] ? widest : (size_t)dims[VOCAB];
     Scratch m;
     int status = scratch_make(&m, dims, rows, (size_t)rows * (d + d + widest + d) + longest, outputs);
-    if (status == 0) status = known_tokens(tokens, rows, dims[VOCAB]);
     if (status != 0) goto done;
     float *x = m.f, *normed = x + (size_t)rows * d, *wide = normed + (size_t)rows * d;
     float *mixed = wide + (size_t)rows * widest, *scores = mixed + (size_t)rows * d;
@@ -454,7 +455,7 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
 
         if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(p, NORM_SELF), eps, normed), in = normed;
         linear(&m, in, rows, d, 3 * d, AT(p, QKV), wide); /* (rows, 3, H, Dh) */
-        float *k_at = self_k + (size_t)t * rows * d, *v_at = self_v + (size_t)t * rows * d;
+        float *k_at = self_k + (size_t)t * width * d, *v_at = self_v + (size_t)t * width * d;
         for (int r = 0; r < rows; r++) {
             memcpy(k_at + (size_t)r * d, wide + (size_t)r * 3 * d + d, sizeof(float) * d);
             memcpy(v_at + (size_t)r * d, wide + (size_t)r * 3 * d + 2 * d, sizeof(float) * d);
@@ -462,7 +463,7 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
         for (int r = 0; r < rows; r++)
             for (int head = 0; head < h; head++) {
                 size_t at = (size_t)r * d + (size_t)head * dh;
-                attend(wide + (size_t)r * 3 * d + (size_t)head * dh, self_k + at, self_v + at, (size_t)rows * d, t + 1,
+                attend(wide + (size_t)r * 3 * d + (size_t)head * dh, self_k + at, self_v + at, (size_t)width * d, t + 1,
                        NULL, dh, scores, mixed + at);
             }
         linear(&m, mixed, rows, d, d, AT(p, SELF_OUT), wide);
@@ -495,14 +496,13 @@ done:
 /* `Transformer.encode` for n sentences of s positions: `tokens` (n, s), `src_mask` (n, s) 1 where a position is not
  * padding; `dims` as the step's, with the encoder's layers and the source vocabulary. Writes the encoder's output,
  * (n, s, d), into `memory`. Returns 0; -1 when out of memory, -2 for a token outside the vocabulary. */
-int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, int n, int s, const int64_t *tokens,
-              const uint8_t *src_mask, float *memory) {
+static int encode_rows(const int64_t *dims, const float *eps_scale, void *const *params, int n, int s,
+                       const int64_t *tokens, const uint8_t *src_mask, float *memory) {
     int d = dims[D_MODEL], h = dims[HEADS], dh = d / h, ff = dims[D_FF], n_layers = dims[LAYERS], rows = n * s;
     float eps = eps_scale[0], embed_scale = eps_scale[1];
     size_t widest = (size_t)(3 * d > ff ? 3 * d : ff);
     Scratch m;
     int status = scratch_make(&m, dims, rows, (size_t)rows * (d + widest + d) + s, widest);
-    if (status == 0) status = known_tokens(tokens, rows, dims[VOCAB]);
     if (status != 0) goto done;
     float *x = memory, *normed = m.f, *wide = normed + (size_t)rows * d, *mixed = wide + (size_t)rows * widest;
     float *scores = mixed + (size_t)rows * d;
@@ -534,5 +534,58 @@ int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, 
     if (dims[PRE_NORM]) layer_norm(x, rows, d, AT(tail, ENC_NORM), eps, x);
 done:
     scratch_free(&m);
+    return status;
+}
+
+/* The step for `rows` rows in shards of whole sentences, one per thread (`threads`, on OpenMP's threads: PyTorch's
+ * own where the library shares its OpenMP, so no more threads run than PyTorch's), each a slice of every buffer's
+ * rows; as one call, row for row. Arguments and returns as step_rows, the self-attention buffers `rows` wide. */
+int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int t, int beam, int n_src,
+            const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits, int threads) {
+    if (known_tokens(tokens, rows, dims[VOCAB]) != 0) return -2;
+    int sentences = rows / beam, parts = threads < sentences ? threads : sentences, status = 0;
+    if (parts <= 1) return step_rows(dims, eps_scale, params, rows, rows, t, beam, n_src, tokens, caches, src_mask,
+                                     logits);
+    int d = dims[D_MODEL], buffers = 4 * dims[LAYERS];
+    size_t per_sentence = (size_t)dims[HEADS] * n_src * (d / dims[HEADS]); /* of the encoder memory's keys */
+    #pragma omp parallel for num_threads(parts) schedule(static, 1)
+    for (int i = 0; i < parts; i++) {
+        int first = (int)((int64_t)sentences * i / parts), stop = (int)((int64_t)sentences * (i + 1) / parts);
+        void **own = malloc(sizeof(void *) * buffers);
+        int done = -1;
+        if (own) {
+            for (int b = 0; b < buffers; b++) /* per layer: self keys, self values, memory keys, memory values */
+                own[b] = (float *)caches[b] + (b % 4 < 2 ? (size_t)first * beam * d : (size_t)first * per_sentence);
+            done = step_rows(dims, eps_scale, params, (stop - first) * beam, rows, t, beam, n_src,
+                             tokens + (size_t)first * beam, own, src_mask + (size_t)first * n_src,
+                             logits + (size_t)first * beam * dims[VOCAB]);
+            free(own);
+        }
+        if (done != 0) {
+            #pragma omp atomic write
+            status = done;
+        }
+    }
+    return status;
+}
+
+/* The encoder for n sentences in shards of sentences, one per thread, as mt_step's; arguments and returns as
+ * encode_rows. */
+int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, int n, int s, const int64_t *tokens,
+              const uint8_t *src_mask, float *memory, int threads) {
+    if (known_tokens(tokens, n * s, dims[VOCAB]) != 0) return -2;
+    int parts = threads < n ? threads : n, status = 0;
+    if (parts <= 1) return encode_rows(dims, eps_scale, params, n, s, tokens, src_mask, memory);
+    #pragma omp parallel for num_threads(parts) schedule(static, 1)
+    for (int i = 0; i < parts; i++) {
+        int first = (int)((int64_t)n * i / parts), stop = (int)((int64_t)n * (i + 1) / parts);
+        size_t at = (size_t)first * s;
+        int done = encode_rows(dims, eps_scale, params, stop - first, s, tokens + at, src_mask + at,
+                               memory + at * dims[D_MODEL]);
+        if (done != 0) {
+            #pragma omp atomic write
+            status = done;
+        }
+    }
     return status;
 }

@@ -14,7 +14,8 @@ sentence PyTorch's encoder likewise spends more time dispatching than multiplyin
 `install(model, precision)` (called by `mt.fast.paths.for_inference`) swaps `NativeDecodeStep` in for the
 `decode_step` of each Transformer in the model, and `NativeEncode` for its `encode`, where the model's contract
 allows (mt/fast/contract.py): up to as many rows (source positions) as C is measured the faster for on this machine
-(mt/fast/choose.py) they run in C, above them, or under autocast, in PyTorch. The C source is compiled once per
+(mt/fast/choose.py) they run in C, above them, or under autocast, in PyTorch. On several threads C splits the
+sentences into a shard a thread, run at once on PyTorch's own OpenMP threads. The C source is compiled once per
 machine by the system's C compiler into `$MT_CACHE/native` (default ~/.cache/mt/native): for AVX2, or for AVX-512
 with VNNI where PyTorch runs AVX-512 and the CPU has VNNI (int8's sums of four products then take one instruction).
 Without a compiler, on a CPU without AVX2 and FMA, or with `MT_NATIVE=0`, decoding stays in PyTorch. int8 here
@@ -53,7 +54,8 @@ from mt.model.cache import DecoderCache
 from mt.model.transformer import Transformer
 
 SOURCES = [Path(__file__).with_name(name) for name in ("native_step.c", "native_search.c")]
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno"]
+# -fopenmp: the shards of a step run on OpenMP's threads, PyTorch's own (its libgomp.so.1 is the one loaded)
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared", "-fno-math-errno", "-fopenmp"]
 # int8: sums of four products in one instruction, where PyTorch runs AVX-512 (not under ATEN_CPU_CAPABILITY=avx2)
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
 PRECISIONS = ("fp32", "int8")
@@ -120,13 +122,17 @@ def load() -> ctypes.CDLL | None:
                       "for a few sentences; install one (apt-get install gcc) to have it", stacklevel=3)
         return None
     try:
-        lib = ctypes.CDLL(str(compiled(cc, FLAGS + (VNNI_FLAGS if isa == "AVX-512 VNNI" else []))))
+        flags = FLAGS + (VNNI_FLAGS if isa == "AVX-512 VNNI" else [])
+        try:
+            lib = ctypes.CDLL(str(compiled(cc, flags)))
+        except subprocess.CalledProcessError:  # a compiler without OpenMP: the shards then run one after another
+            lib = ctypes.CDLL(str(compiled(cc, [f for f in flags if f != "-fopenmp"])))
     except (OSError, subprocess.CalledProcessError) as e:  # no cache to write, a noexec one, the compiler failed
         detail = e.stderr[-2000:] if isinstance(e, subprocess.CalledProcessError) else e
         warnings.warn(f"mt: no C decoding step ({SOURCES[0].name}: {detail}); decoding stays in PyTorch", stacklevel=3)
         return None
     pointer, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer]
+    lib.mt_step.argtypes = [pointer, pointer, pointer, i32, i32, i32, i32, pointer, pointer, pointer, pointer, i32]
     lib.mt_step.restype = i32
     lib.mt_move_rows.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer, i32]
     lib.mt_move_rows.restype = i32
@@ -136,7 +142,7 @@ def load() -> ctypes.CDLL | None:
     lib.mt_weight_slots.restype = i32
     lib.mt_weight_names.argtypes = [i32]
     lib.mt_weight_names.restype = ctypes.c_char_p
-    lib.mt_encode.argtypes = [pointer, pointer, pointer, i32, i32, pointer, pointer, pointer]
+    lib.mt_encode.argtypes = [pointer, pointer, pointer, i32, i32, pointer, pointer, pointer, i32]
     lib.mt_encode.restype = i32
     lib.mt_greedy.argtypes = [pointer, pointer, pointer, *[i32] * 7, *[pointer] * 6]
     lib.mt_greedy.restype = i32
@@ -230,8 +236,8 @@ def measured_limit(fixed: int | None, limits: Kept, question: Callable[[], str],
 
 
 # Rows timed for the C step's crossover, and source positions (sentences of 16) for the encoder's
-STEP_ROWS = (1, 2, 4, 8, 16, 32, 64)
-ENCODE_POSITIONS = (16, 32, 64, 128, 256, 512)
+STEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+ENCODE_POSITIONS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def step_buffers(cache: DecoderCache) -> list[Tensor]:
@@ -273,7 +279,7 @@ class NativeDecodeStep:
         logits = torch.empty(rows, self.vocab, dtype=torch.float32)
         w = self.weights
         status = self.step(w.dims, w.eps_scale, w.params, rows, t, cache.beam, src_mask.size(-1), ids.data_ptr(),
-                           addresses(buffers), src_mask.data_ptr(), logits.data_ptr())
+                           addresses(buffers), src_mask.data_ptr(), logits.data_ptr(), torch.get_num_threads())
         if status == -2:
             return self.plain(tokens, cache)  # a token outside the vocabulary: PyTorch's step says so
         if status != 0:
@@ -334,8 +340,8 @@ class NativeDecodeStep:
     def rows_limit(self) -> int:
         """Up to how many rows the C step takes a step: `max_rows` if set, else as measured on this machine for this
         model at the threads PyTorch runs (mt/fast/choose.py), once."""
-        return measured_limit(self.max_rows, self.limits, lambda: f"decoding step in C or PyTorch, {self.precision}, "
-                              f"{shape_of(self.model, 'decoder')}, rows", STEP_ROWS,
+        return measured_limit(self.max_rows, self.limits, lambda: "decoding step in C (a shard a thread) or PyTorch, "
+                              f"{self.precision}, {shape_of(self.model, 'decoder')}, rows", STEP_ROWS,
                               lambda rows: self.timed(rows, self.plain), lambda rows: self.timed(rows, None))
 
     def timed(self, rows: int, plain: Callable | None) -> Callable[[], object]:
@@ -418,7 +424,7 @@ class NativeEncode:
         memory = torch.empty(n, s, self.model.cfg.d_model)
         w = self.weights
         status = self.encode(w.dims, w.eps_scale, w.params, n, s, ids.data_ptr(), src_mask.data_ptr(),
-                             memory.data_ptr())
+                             memory.data_ptr(), torch.get_num_threads())
         if status == -2:
             return self.plain(src)  # a token outside the vocabulary: PyTorch's embedding says so
         if status != 0:
@@ -427,9 +433,10 @@ class NativeEncode:
 
     def positions_limit(self) -> int:
         """Up to how many source positions (sentences x length) the C encoder takes a batch: `max_rows` if set, else
-        as measured on this machine for this model at the threads PyTorch runs (the C encoder runs on one), once."""
-        return measured_limit(self.max_rows, self.limits, lambda: f"encoder in C or PyTorch, {self.precision}, "
-                              f"{shape_of(self.model, 'encoder')}, source positions", ENCODE_POSITIONS,
+        as measured on this machine for this model at the threads PyTorch runs (C's shards run on as many), once."""
+        return measured_limit(self.max_rows, self.limits, lambda: "encoder in C (a shard a thread) or PyTorch, "
+                              f"{self.precision}, {shape_of(self.model, 'encoder')}, source positions",
+                              ENCODE_POSITIONS,
                               lambda n: self.timed(n, self.plain), lambda n: self.timed(n, self.run))
 
     def timed(self, positions: int, encode: Callable[[Tensor], object]) -> Callable[[], object]:

@@ -119,3 +119,28 @@ def test_without_a_working_compiler_decoding_stays_in_pytorch(monkeypatch, tmp_p
         assert not list((tmp_path / "native").iterdir())  # no half-written library left behind
     finally:
         mt.fast.native_step.load.cache_clear()
+
+
+@needs_library
+def test_a_compiler_without_openmp_still_builds_the_c_step(monkeypatch, tmp_path):
+    """Without OpenMP (clang with no libomp, say) a step's shards run one after another, the same numbers."""
+    cc = tmp_path / "cc"
+    cc.write_text(f'#!/bin/sh\nfor a; do [ "$a" = -fopenmp ] && exit 1; done\nexec {" ".join(compiler())} "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))
+    mt.fast.native_step.load.cache_clear()
+    try:
+        assert library() is not None
+        assert len(list((tmp_path / "cache" / "native").glob("*.so"))) == 1
+    finally:
+        mt.fast.native_step.load.cache_clear()
+
+
+@needs_library
+def test_the_c_step_s_shards_run_on_pytorch_s_own_openmp():
+    """One OpenMP runtime in the process: a second one's threads would wait for cores beside PyTorch's."""
+    library()
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if line.rstrip().endswith("/libgomp.so.1")}
+    assert len(runtimes) == 1, runtimes

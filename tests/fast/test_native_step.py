@@ -57,10 +57,17 @@ def checked(native: nn.Module, plain: nn.Module, rtol: float, atol: float) -> li
     return seen
 
 
+@pytest.fixture(params=[1, 3], ids=lambda n: f"{n} threads")
+def threads(request) -> int:
+    """PyTorch's threads, as many shards of the sentences as the C step and encoder make (3: one sentence each)."""
+    torch.set_num_threads(request.param)  # given back by conftest's keep_torch_threads
+    return request.param
+
+
 @pytest.mark.parametrize("changes", [dict(), dict(norm="pre"), dict(activation="gelu", output_bias=True),
                                      dict(activation="swish", tie_output=False),
                                      dict(d_model=36, d_ff=52, vocab=45)], ids=str)  # widths off the vectors' 8 and 16
-def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
+def test_fp32_step_equals_the_plain_step_through_beam_search(changes, threads):
     native, plain = models("fp32", **changes)
     seen = checked(native, plain, rtol=1e-5, atol=1e-5)
     src = pad(SOURCES, [], [])
@@ -71,7 +78,7 @@ def test_fp32_step_equals_the_plain_step_through_beam_search(changes):
 
 
 @pytest.mark.parametrize("changes", [dict(), dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
-def test_int8_step_multiplies_rows_quantized_each_on_its_own(changes):
+def test_int8_step_multiplies_rows_quantized_each_on_its_own(changes, threads):
     """The C int8 step against the plain step with each int8 layer replaced by a reference in PyTorch: the
     activations of each row quantized to unsigned integers with a zero point over [min(x, 0), max(x, 0)], to 256
     levels where the library sums with VNNI and 128 with AVX2, the weights PyTorch quantized."""
@@ -108,6 +115,23 @@ class RowInt8Linear(nn.Module):
         y = ((q - zero).double() * scale.double()) @ self.weight.t()
         y = y if self.bias is None else y + self.bias
         return y.float().view(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_step_and_an_encoding_in_shards_are_those_in_one_call_exactly(precision):
+    """Split across threads, each sentence's rows are computed as in one call: the same translation however many
+    threads run it."""
+    native, _ = models(precision)
+    src = pad(SOURCES, [], [])
+    found = []
+    for n in (1, 2, 3):
+        torch.set_num_threads(n)
+        memory, mask = native.encode(src)
+        cache = native.start_cache(memory, mask, 4, beam=2)
+        logits, cache = native.decode_step(torch.tensor([BOS, 9, BOS, 14, BOS, 7]), cache)
+        found.append((memory[mask[:, 0, 0, :]], logits, *[k[0] for k in cache.self_k + cache.self_v]))
+    for other in found[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(found[0], other, strict=True))
 
 
 def test_int8_translates_as_fp32_does():
@@ -323,7 +347,7 @@ def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
 
 @pytest.mark.parametrize("changes", [dict(), dict(norm="pre", activation="gelu"), dict(activation="swish"),
                                      dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
-def test_fp32_encoder_in_c_equals_pytorch_s(changes):
+def test_fp32_encoder_in_c_equals_pytorch_s(changes, threads):
     native, _ = models("fp32", **changes)
     src = pad(SOURCES, [], [])  # three sentences, two of them padded
     memory, mask = native.encode(src)
@@ -334,7 +358,7 @@ def test_fp32_encoder_in_c_equals_pytorch_s(changes):
 
 
 @pytest.mark.parametrize("changes", [dict(), dict(d_model=36, d_ff=52, vocab=45, norm="pre")], ids=str)
-def test_int8_encoder_multiplies_rows_quantized_each_on_its_own(changes):
+def test_int8_encoder_multiplies_rows_quantized_each_on_its_own(changes, threads):
     native, plain = models("int8", **changes)
     quantized_by_row(plain)
     src = pad(SOURCES, [], [])
