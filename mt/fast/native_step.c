@@ -426,8 +426,8 @@ static void feed_forward(const Scratch *m, float *x, int rows, void *const *up, 
  * layer the self-attention keys and values, (max steps, width, H, Dh) with this call's rows the first `rows` of
  * each position's `width` (a shard of mt_step's), and the encoder memory's keys and values,
  * (sentences, H, n_src, Dh); `src_mask` (sentences, n_src) is 1 where a source position is not padding. Writes
- * this step's keys and values into the caches and the logits, (rows, vocab), into `logits`. Returns 0; -1 when out
- * of memory, -2 for a token outside the vocabulary (nothing written then). */
+ * this step's keys and values into the caches and the logits, (rows, vocab), into `logits`. Returns 0, or -1 when
+ * out of memory (mt_step has checked the tokens). */
 static int step_rows(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int width, int t,
                      int beam, int n_src, const int64_t *tokens, void *const *caches, const uint8_t *src_mask,
                      float *logits) {
@@ -495,7 +495,7 @@ done:
 
 /* `Transformer.encode` for n sentences of s positions: `tokens` (n, s), `src_mask` (n, s) 1 where a position is not
  * padding; `dims` as the step's, with the encoder's layers and the source vocabulary. Writes the encoder's output,
- * (n, s, d), into `memory`. Returns 0; -1 when out of memory, -2 for a token outside the vocabulary. */
+ * (n, s, d), into `memory`. Returns 0, or -1 when out of memory (mt_encode has checked the tokens). */
 static int encode_rows(const int64_t *dims, const float *eps_scale, void *const *params, int n, int s,
                        const int64_t *tokens, const uint8_t *src_mask, float *memory) {
     int d = dims[D_MODEL], h = dims[HEADS], dh = d / h, ff = dims[D_FF], n_layers = dims[LAYERS], rows = n * s;
@@ -539,7 +539,8 @@ done:
 
 /* The step for `rows` rows in shards of whole sentences, one per thread (`threads`, on OpenMP's threads: PyTorch's
  * own where the library shares its OpenMP, so no more threads run than PyTorch's), each a slice of every buffer's
- * rows; as one call, row for row. Arguments and returns as step_rows, the self-attention buffers `rows` wide. */
+ * rows; as one call, row for row. Arguments as step_rows, the self-attention buffers `rows` wide. Returns 0; -1
+ * when out of memory, -2 for a token outside the vocabulary (nothing written then). */
 int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, int rows, int t, int beam, int n_src,
             const int64_t *tokens, void *const *caches, const uint8_t *src_mask, float *logits, int threads) {
     if (known_tokens(tokens, rows, dims[VOCAB]) != 0) return -2;
@@ -551,16 +552,12 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     #pragma omp parallel for num_threads(parts) schedule(static, 1)
     for (int i = 0; i < parts; i++) {
         int first = (int)((int64_t)sentences * i / parts), stop = (int)((int64_t)sentences * (i + 1) / parts);
-        void **own = malloc(sizeof(void *) * buffers);
-        int done = -1;
-        if (own) {
-            for (int b = 0; b < buffers; b++) /* per layer: self keys, self values, memory keys, memory values */
-                own[b] = (float *)caches[b] + (b % 4 < 2 ? (size_t)first * beam * d : (size_t)first * per_sentence);
-            done = step_rows(dims, eps_scale, params, (stop - first) * beam, rows, t, beam, n_src,
+        void *own[buffers]; /* per layer: self keys, self values, memory keys, memory values */
+        for (int b = 0; b < buffers; b++)
+            own[b] = (float *)caches[b] + (b % 4 < 2 ? (size_t)first * beam * d : (size_t)first * per_sentence);
+        int done = step_rows(dims, eps_scale, params, (stop - first) * beam, rows, t, beam, n_src,
                              tokens + (size_t)first * beam, own, src_mask + (size_t)first * n_src,
                              logits + (size_t)first * beam * dims[VOCAB]);
-            free(own);
-        }
         if (done != 0) {
             #pragma omp atomic write
             status = done;
@@ -569,8 +566,8 @@ int mt_step(const int64_t *dims, const float *eps_scale, void *const *params, in
     return status;
 }
 
-/* The encoder for n sentences in shards of sentences, one per thread, as mt_step's; arguments and returns as
- * encode_rows. */
+/* The encoder for n sentences in shards of sentences, one per thread, as mt_step's; arguments as encode_rows,
+ * returns as mt_step. */
 int mt_encode(const int64_t *dims, const float *eps_scale, void *const *params, int n, int s, const int64_t *tokens,
               const uint8_t *src_mask, float *memory, int threads) {
     if (known_tokens(tokens, n * s, dims[VOCAB]) != 0) return -2;
