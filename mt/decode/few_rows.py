@@ -111,9 +111,9 @@ def few_beam_search(model, src: Tensor, beam: int, len_penalty: float, max_len_a
 def row_candidates(model, logits: Tensor, width: int, bar_eos: bool,
                    at_limit: list[bool]) -> tuple[list[list[float]], list[list[int]]]:
     """Each row's `width` best tokens and their log-probabilities, as `next_token_logprobs` and `top_tokens` give
-    them, in lists: in one call into C where the model decodes there (`NativeDecodeStep.top_logprobs`) and no row is
+    them, in lists: in one call into C where the model decodes there (`NativeRanking.top_logprobs`) and no row is
     at its length limit (its last step); with `bar_eos`, EOS is not among them."""
-    top = getattr(model.decode_step, "top_logprobs", None)
+    top = getattr(getattr(model.decode_step, "rank", None), "top_logprobs", None)
     if top is None or logits.device.type != "cpu" or any(at_limit) or width + bar_eos > logits.size(1):
         logp = next_token_logprobs(logits, bar_eos, torch.tensor(at_limit, device=logits.device))
         return tuple(t.tolist() for t in top_tokens(logp, width))

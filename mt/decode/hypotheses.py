@@ -35,17 +35,32 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
 
 def candidates(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Each sentence's 2k best continuations of its k beams (2k: at least k of them do not end in EOS), best
-    first: their scores (n, 2k), the beam each continues and the token it adds.
+    first: their scores (n, 2k), the beam each continues and the token it adds; from the beams' log-probabilities
+    logp (n*k, V)."""
+    return ranked(scores, *top_tokens(logp, min(2 * scores.size(1), logp.size(1))))
 
-    They are among the beams' 2k best tokens each, so the top-k runs over (n*k, V) once and then over
-    (n, k*2k), never over k*V.
-    """
-    k = scores.size(1)
-    width = min(2 * k, logp.size(1))
-    row_lp, row_tok = top_tokens(logp, width)  # (n*k, width)
+
+def ranked(scores: Tensor, row_lp: Tensor, row_tok: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`candidates` from each beam's 2k best tokens (n*k, 2k), their log-probabilities and ids: the 2k best of a
+    sentence are among them, so the top-k runs over (n, k*2k), never over k*V."""
+    k, width = scores.size(1), row_lp.size(1)
     cand = (scores.view(-1, 1) + row_lp).view(-1, k * width)  # (n, k*width)
     top_scores, top_idx = cand.topk(min(2 * k, cand.size(1)), dim=1)
     return top_scores, top_idx // width, row_tok.view(-1, k * width).gather(1, top_idx)
+
+
+def best_tokens(model, logits: Tensor, width: int, bar_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's `width` best next tokens (rows, width), best first: their log-probabilities and ids, as
+    `top_tokens(next_token_logprobs(...), width)` gives them; in C where the model decodes there and C ranks this
+    many rows faster (mt/fast/native_rank.py)."""
+    rank = getattr(model.decode_step, "rank", None)
+    if rank is None:
+        return plain_best_tokens(logits, width, bar_eos, at_limit)
+    return rank.best_tokens(logits, width, bar_eos, at_limit, plain_best_tokens)
+
+
+def plain_best_tokens(logits: Tensor, width: int, bar_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+    return top_tokens(next_token_logprobs(logits, bar_eos, at_limit), width)
 
 
 def top_tokens(logp: Tensor, k: int, chunk: int = 64) -> tuple[Tensor, Tensor]:

@@ -36,11 +36,11 @@ from mt.decode.constrained_search import constrained_beam_search
 from mt.decode.few_rows import few_beam_search, few_greedy
 from mt.decode.hypotheses import (
     Hypothesis,
-    candidates,
+    best_tokens,
     length_penalty,
     max_lengths,
     next_token_best,
-    next_token_logprobs,
+    ranked,
     until_eos,
 )
 from mt.device import attention_kernels
@@ -147,8 +147,8 @@ def beam_search(model, src: Tensor, beam: int = 4, len_penalty: float = 0.6, max
         else:
             logits, beams.cache = model.decode_step(beams.last, beams.cache)
         at_limit = (limit[beams.active] <= step + 1).repeat_interleave(beam)
-        logp = next_token_logprobs(logits, step < min_len, at_limit)
-        top_scores, top_beam, top_tok = candidates(beams.scores, logp)
+        row_lp, row_tok = best_tokens(model, logits, min(2 * beam, logits.size(1)), step < min_len, at_limit)
+        top_scores, top_beam, top_tok = ranked(beams.scores, row_lp, row_tok)
         penalty = length_penalty(step + 1, len_penalty)
         finished.add(beams, top_scores, top_beam, top_tok, penalty)
         if not beams.advance(top_scores, top_beam, top_tok, finished.kth_best, penalty):

@@ -98,6 +98,29 @@ def choice(question: str, candidates: Mapping[str, Callable[[], object]]) -> str
         return keep(file, question, {"choice": chosen, "ms": {k: round(v * 1e3, 4) for k, v in times.items()}})
 
 
+def measured_limit(fixed: int | None, limits: Kept, question: Callable[[], str], sizes: tuple[int, ...],
+                   plain: Callable[[int], Callable[[], object]], native: Callable[[int], Callable[[], object]]) -> int:
+    """`fixed` if set; else the largest of `sizes` (ascending) up to which the C code is measured the faster at each
+    size, 0 if at none, once for each thread count (kept in `limits`). `question()` names the part, its shape and the
+    unit of `sizes` (made only when asked: a lone sentence's step checks the limit every step); `plain(size)` and
+    `native(size)` give the calls timed."""
+    if fixed is not None:
+        return fixed
+    threads = torch.get_num_threads()
+    limit = limits.get(threads)
+    if limit is None:
+        part, _, unit = question().rpartition(", ")
+        limit, asked = 0, []
+        with torch.inference_mode():
+            for size in sizes:
+                asked.append(f"{part}, {threads} threads, {unit}, {size}")
+                if choice(asked[-1], {"pytorch": plain(size), "c": native(size)}) != "c":
+                    break
+                limit = size
+        limits.keep(threads, limit, *asked)
+    return limit
+
+
 class Kept:
     """A caller's answers by its own key (a kind of shape), so that it asks `choice` once, not at every call: each
     kept for good once measured; a busy machine's default only until its question may be timed again, so that a long

@@ -54,9 +54,10 @@ ALWAYS_INLINE __m256 exp8(__m256 x) {
 
 /* Beam search's candidates: for each of `rows` rows of logits, (rows, vocab), its `width` most likely tokens other
  * than `barred` (-1: none), best first (the lower token first among equals), and their log-probabilities,
- * log-softmax over the whole row. */
+ * log-softmax over the whole row; the rows shared among `threads` threads. */
 void mt_top_logprobs(const float *logits, int rows, int vocab, int width, int barred, float *values,
-                     int64_t *tokens) {
+                     int64_t *tokens, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 1)
     for (int r = 0; r < rows; r++) {
         const float *x = logits + (size_t)r * vocab;
         float *best = values + (size_t)r * width;
@@ -116,7 +117,7 @@ int mt_greedy(const int64_t *dims, const float *eps_scale, void *const *params, 
             float best = 0.0f;
             int64_t token = eos;
             if (limits[r] > t + 1) mt_top_logprobs(logits + (size_t)r * vocab, 1, vocab, 1, t < min_len ? eos : -1,
-                                                   &best, &token);
+                                                   &best, &token, 1);
             logprobs[r] += best;
             last[r] = token;
             if (token == eos) {
@@ -187,7 +188,7 @@ int mt_beam(const int64_t *dims, const float *eps_scale, void *const *params, in
                 for (int w = 1; w < width; w++) cand[n++] = (Candidate){-INFINITY, j, eos};
                 continue;
             }
-            mt_top_logprobs(logits + (size_t)j * vocab, 1, vocab, width, t < min_len ? eos : -1, lp, tok);
+            mt_top_logprobs(logits + (size_t)j * vocab, 1, vocab, width, t < min_len ? eos : -1, lp, tok, 1);
             for (int w = 0; w < width; w++) cand[n++] = (Candidate){score[j] + (double)lp[w], j, tok[w]};
         }
         sort_candidates(cand, n);

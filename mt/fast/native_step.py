@@ -47,9 +47,10 @@ from torch import Tensor, nn
 from mt.data.tokenizer import BOS, EOS, PAD
 from mt.device import cache_dir
 from mt.errors import MtError
-from mt.fast.choose import Kept, choice
+from mt.fast.choose import Kept, measured_limit
 from mt.fast.contract import NATIVE_ENCODE, NATIVE_STEP
 from mt.fast.native_layout import Layout, Unreadable, supported
+from mt.fast.native_rank import NativeRanking
 from mt.model.cache import DecoderCache
 from mt.model.transformer import Transformer
 
@@ -136,7 +137,7 @@ def load() -> ctypes.CDLL | None:
     lib.mt_step.restype = i32
     lib.mt_move_rows.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer, i32]
     lib.mt_move_rows.restype = i32
-    lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer]
+    lib.mt_top_logprobs.argtypes = [pointer, i32, i32, i32, i32, pointer, pointer, i32]
     lib.mt_top_logprobs.restype = None
     lib.mt_int8_panel.restype = i32
     lib.mt_weight_slots.restype = i32
@@ -212,29 +213,6 @@ def shape_of(model: Transformer, part: str) -> str:
     return f"{layers} layers of {cfg.d_model}x{cfg.d_ff}, {cfg.n_heads} heads, {cfg.norm}-norm, vocabulary {vocab}"
 
 
-def measured_limit(fixed: int | None, limits: Kept, question: Callable[[], str], sizes: tuple[int, ...],
-                   plain: Callable[[int], Callable[[], object]], native: Callable[[int], Callable[[], object]]) -> int:
-    """`fixed` if set; else the largest of `sizes` (ascending) up to which the C code is measured the faster at each
-    size, 0 if at none, once for each thread count (kept in `limits`). `question()` names the part, its shape and the
-    unit of `sizes` (made only when asked: a lone sentence's step checks the limit every step); `plain(size)` and
-    `native(size)` give the calls timed."""
-    if fixed is not None:
-        return fixed
-    threads = torch.get_num_threads()
-    limit = limits.get(threads)
-    if limit is None:
-        part, _, unit = question().rpartition(", ")
-        limit, asked = 0, []
-        with torch.inference_mode():
-            for size in sizes:
-                asked.append(f"{part}, {threads} threads, {unit}, {size}")
-                if choice(asked[-1], {"pytorch": plain(size), "c": native(size)}) != "c":
-                    break
-                limit = size
-        limits.keep(threads, limit, *asked)
-    return limit
-
-
 # Rows timed for the C step's crossover, and source positions (sentences of 16) for the encoder's
 STEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ENCODE_POSITIONS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -261,8 +239,8 @@ class NativeDecodeStep:
         self.limits = Kept()  # threads → the most rows it takes, measured
         self.vocab, self.max_len = model.cfg.tgt_vocab_size, model.cfg.max_len
         lib = library()
-        self.step, self.mover, self.top, self.instruction_set = (lib.mt_step, lib.mt_move_rows, lib.mt_top_logprobs,
-                                                                 lib.instruction_set)
+        self.step, self.mover, self.instruction_set = lib.mt_step, lib.mt_move_rows, lib.instruction_set
+        self.rank = NativeRanking(lib, self.vocab)  # each row's best next tokens, for the searches
         self.greedy_in_c, self.beam_in_c = lib.mt_greedy, lib.mt_beam
         self.weights = Layout(model, precision, "decoder", lib)
 
@@ -360,21 +338,6 @@ class NativeDecodeStep:
             return lambda: plain(tokens, cache)
         buffers = step_buffers(cache)
         return lambda: self.run(tokens, cache, buffers)
-
-    def top_logprobs(self, logits: Tensor, width: int,
-                     barred: int | None = None) -> tuple[list[list[float]], list[list[int]]]:
-        """Each row's `width` most likely tokens other than `barred`, best first, and their log-probabilities
-        (log-softmax over the whole row), in one call into C: what beam search over a few rows ranks
-        (mt/decode/few_rows.py)."""
-        if width < 1 or logits.dim() != 2 or logits.device.type != "cpu":
-            raise ValueError(f"the C ranking takes CPU logits (rows, vocabulary) and width >= 1, not "
-                             f"{tuple(logits.shape)} on {logits.device} and width {width}")
-        logits = logits.float().contiguous()
-        rows, vocab = logits.shape
-        values, tokens = (ctypes.c_float * (rows * width))(), (ctypes.c_int64 * (rows * width))()
-        self.top(logits.data_ptr(), rows, vocab, width, -1 if barred is None else barred, values, tokens)
-        return ([values[r * width:(r + 1) * width] for r in range(rows)],
-                [tokens[r * width:(r + 1) * width] for r in range(rows)])
 
     def move_rows(self, cache: DecoderCache, to: list[int], sources: list[int]) -> None:
         """`DecoderCache.select`'s copies of the rows beam search moves, in place, in one call into C: a few rows of

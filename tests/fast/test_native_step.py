@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 import mt.errors
+import mt.fast.choose
 import mt.fast.native_step
 from mt.data.batches import pad
 from mt.data.tokenizer import BOS, EOS
@@ -31,8 +32,9 @@ def models(precision: str, **changes) -> tuple[nn.Module, nn.Module]:
     plain.decode_step.max_rows = 0
     assert isinstance(native.decode_step, NativeDecodeStep)
     native.decode_step.max_rows = 16  # every step of the tests' searches, beyond the rows where it pays
-    for model, positions in ((native, 1 << 16), (plain, 0)):  # and every source: in C, or in PyTorch, whatever the
-        if isinstance(model.encode, NativeEncode):            # machine measured (or, busy, did not)
+    for model, positions in ((native, 1 << 16), (plain, 0)):  # and every source and ranking: in C, or in PyTorch,
+        model.decode_step.rank.max_rows = positions           # whatever the machine measured (or, busy, did not)
+        if isinstance(model.encode, NativeEncode):
             model.encode.max_rows = positions
     return native, plain
 
@@ -206,7 +208,7 @@ def c_up_to(monkeypatch, rows: int, positions: int) -> list[str]:
         size = int(question.rpartition(", ")[2])
         return "c" if size <= (rows if question.startswith("decoding step") else positions) else "pytorch"
 
-    monkeypatch.setattr(mt.fast.native_step, "choice", choice)
+    monkeypatch.setattr(mt.fast.choose, "choice", choice)
     return asked
 
 
@@ -313,36 +315,6 @@ def test_a_lone_sentence_s_beam_search_in_one_call_into_c_finds_what_the_search_
             lengths.update(len(h.tokens) for h in ours)
     assert len(calls) == 8
     assert len(lengths) >= 3  # hypotheses ended at several steps
-
-
-@pytest.mark.parametrize("vocab", [8000, 45, 5])  # a whole number of lanes, not, and fewer tokens than asked
-def test_candidates_ranked_in_c_are_pytorch_s(vocab):
-    native, _ = models("fp32")
-    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
-    logits[1, 3] = 30.0  # one token takes almost all of a row's probability
-    values, tokens = (torch.tensor(t) for t in native.decode_step.top_logprobs(logits, 8))
-    expected = torch.log_softmax(logits, dim=-1).topk(min(8, vocab), dim=1)
-    assert torch.equal(tokens[:, :vocab], expected.indices)
-    torch.testing.assert_close(values[:, :vocab], expected.values, rtol=1e-5, atol=1e-5)
-    assert (values[:, vocab:] == -torch.inf).all()
-    with pytest.raises(ValueError, match="width >= 1"):
-        native.decode_step.top_logprobs(logits, 0)
-
-
-def test_beam_candidates_from_c_are_those_of_pytorch_with_and_without_eos():
-    from types import SimpleNamespace
-
-    from mt.decode.few_rows import row_candidates
-    native, _ = models("fp32")
-    in_torch = SimpleNamespace(decode_step=None)  # a model without the C step's ranking
-    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(1))
-    logits[0, EOS] = 9.0  # EOS the best token of one row
-    for bar_eos, at_limit in ((False, [False] * 4), (True, [False] * 4), (True, [False, True, False, False])):
-        ours = row_candidates(native, logits, 8, bar_eos, at_limit)
-        theirs = row_candidates(in_torch, logits, 8, bar_eos, at_limit)
-        assert ours[1] == theirs[1]
-        torch.testing.assert_close(torch.tensor(ours[0]), torch.tensor(theirs[0]), rtol=1e-5, atol=1e-5)
-        assert (EOS in ours[1][0]) != bar_eos  # the row whose best token is EOS
 
 
 @pytest.mark.parametrize("changes", [dict(), dict(norm="pre", activation="gelu"), dict(activation="swish"),
