@@ -15,7 +15,16 @@ from typer.testing import CliRunner
 import mt.fast.choose
 from mt.bench import summary
 from mt.cli import app
-from mt.fast.choose import Kept, choice, forget, made, measured, path
+from mt.fast.choose import Kept, choice, forget, made, path
+
+from ..conftest import TIMED as measured
+from ..conftest import timed_once
+
+
+@pytest.fixture(autouse=True)
+def timed(monkeypatch):
+    """These tests time the candidates, as a user's process does (the rest of the suite times each once)."""
+    monkeypatch.setattr(mt.fast.choose, "measured", measured)
 
 
 @pytest.fixture
@@ -205,7 +214,8 @@ def test_bench_prints_the_choices_and_choose_again_forgets_them(monkeypatch, own
     assert forget() == own_file and not own_file.exists() and made() == []
 
 
-def test_mt_bench_choose_again_says_so(own_file):
+def test_mt_bench_choose_again_says_so(monkeypatch, own_file):
+    monkeypatch.setattr(mt.fast.choose, "measured", timed_once)  # a model's hundred questions, asked as the suite asks
     own_file.parent.mkdir(parents=True)
     own_file.write_text(json.dumps({"machine": {}, "choices": {"stale": {"choice": "x", "ms": {"x": 1}}}}))
     result = CliRunner().invoke(app, ["bench", "translate", "--preset", "small", "--beam", "1", "--batch", "1",
