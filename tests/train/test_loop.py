@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]  # subprocesses run `python -m mt` fr
 
 
 @pytest.mark.numerics  # how fast it learns hangs on the CPU: make test runs this again as an AVX2-only CPU would
+@pytest.mark.slow  # 20 s of a slow CPU; every model the suite trains until it translates shows the loop learns
 def test_tiny_model_learns_to_copy():
     """It copies 90% of unseen sequences exactly within 1,200 steps, checked every 100 steps: a bound, not the
     step where one CPU's numbers happen to get there."""
