@@ -29,7 +29,6 @@ os.environ.setdefault("MT_CACHE", str(Path(tempfile.gettempdir()) / "mt-tests-ca
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / "mt-tests-inductor")
 
 import mt.fast.choose
-import mt.fast.native_rank
 import mt.fast.native_step
 from mt.config import ModelConfig
 from mt.model.transformer import Transformer
@@ -60,7 +59,6 @@ mt.fast.choose.SLICE_S /= 10  # and those time in slices a tenth of a user's
 # rungs, each a product of hundreds of rows, cost seconds a model on a slow CPU
 mt.fast.native_step.STEP_ROWS = tuple(n for n in mt.fast.native_step.STEP_ROWS if n <= 64)
 mt.fast.native_step.ENCODE_POSITIONS = tuple(n for n in mt.fast.native_step.ENCODE_POSITIONS if n <= 256)
-mt.fast.native_rank.RANK_ROWS = tuple(n for n in mt.fast.native_rank.RANK_ROWS if n <= 64)
 
 # CliRunner builds the Typer app's command line at every invoke (90 ms on a 2 GHz core), as a process of `mt` does
 # once: the suite's 500 invokes share one
